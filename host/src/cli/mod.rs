@@ -1,0 +1,127 @@
+//! The `host` command line: one binary for every job (generate, bench,
+//! config). Flags that shape the engine are turned into config overrides, so
+//! a flag and a TOML key always mean the same thing.
+
+mod bench;
+mod generate;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::EngineConfig;
+
+/// A vLLM V1-style LLM inference engine with WebAssembly plugins.
+#[derive(Debug, Parser)]
+#[command(name = "host", version, propagate_version = true)]
+pub struct Cli {
+    #[command(flatten)]
+    engine: EngineArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Generate text for one prompt, streamed to stdout as it is produced.
+    Generate(generate::GenerateArgs),
+    /// Measure prefill and single-stream decode speed on the configured model.
+    Bench(bench::BenchArgs),
+    /// Inspect the configuration.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Print the effective configuration (file + flags + defaults) as TOML.
+    Show,
+}
+
+/// Flags that override the configuration file; each names its TOML key.
+#[derive(Debug, Args)]
+struct EngineArgs {
+    /// TOML configuration file (see docs/config.md).
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Override any config key, e.g. `--set scheduler.max_num_seqs=64` (repeatable).
+    #[arg(long = "set", global = true, value_name = "KEY=VALUE")]
+    overrides: Vec<String>,
+    /// Model file or directory [model.path].
+    #[arg(long, global = true, value_name = "PATH")]
+    model: Option<PathBuf>,
+    /// auto | gguf | safetensors | dummy [model.load_format].
+    #[arg(long, global = true)]
+    load_format: Option<String>,
+    /// Longest prompt + output; 0 = the model's context [model.max_model_len].
+    #[arg(long, global = true)]
+    max_model_len: Option<usize>,
+    /// Token budget per engine step [scheduler.max_num_batched_tokens].
+    #[arg(long, global = true)]
+    max_num_batched_tokens: Option<usize>,
+    /// Tokens per KV block [cache.block_size].
+    #[arg(long, global = true)]
+    block_size: Option<usize>,
+    /// KV-cache memory on CPU, in bytes [cache.kv_cache_memory_bytes].
+    #[arg(long, global = true)]
+    kv_cache_memory_bytes: Option<u64>,
+    /// Compute threads; 0 = every core [worker.num_threads].
+    #[arg(long, global = true)]
+    num_threads: Option<usize>,
+}
+
+impl EngineArgs {
+    /// The flags as `key=value` overrides, after the `--set` ones so a
+    /// dedicated flag wins.
+    fn overrides(&self) -> Vec<String> {
+        let mut out = self.overrides.clone();
+        let mut push = |key: &str, value: Option<String>| {
+            if let Some(v) = value {
+                out.push(format!("{key}={v}"));
+            }
+        };
+        // Paths and names are quoted so TOML never reinterprets them.
+        let quoted = |s: &str| toml::Value::String(s.to_string()).to_string();
+        push("model.path", self.model.as_ref().map(|p| quoted(&p.to_string_lossy())));
+        push("model.load_format", self.load_format.as_deref().map(quoted));
+        push("model.max_model_len", self.max_model_len.map(|v| v.to_string()));
+        push("scheduler.max_num_batched_tokens", self.max_num_batched_tokens.map(|v| v.to_string()));
+        push("cache.block_size", self.block_size.map(|v| v.to_string()));
+        push("cache.kv_cache_memory_bytes", self.kv_cache_memory_bytes.map(|v| v.to_string()));
+        push("worker.num_threads", self.num_threads.map(|v| v.to_string()));
+        out
+    }
+
+    fn load(&self) -> anyhow::Result<EngineConfig> {
+        Ok(EngineConfig::load(self.config.as_deref(), &self.overrides())?)
+    }
+}
+
+/// Runs the command line and returns the process exit code.
+pub fn main() -> ExitCode {
+    init_tracing();
+    let cli = Cli::parse();
+    let result = cli.engine.load().and_then(|config| match cli.command {
+        Command::Generate(args) => generate::run(&config, &args),
+        Command::Bench(args) => bench::run(&config, &args),
+        Command::Config(ConfigCommand::Show) => {
+            print!("{}", config.to_toml());
+            Ok(())
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs go to stderr, filtered by `RUST_LOG` (default: warnings).
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}

@@ -1,0 +1,414 @@
+//! The engine configuration: one typed tree, read from TOML, overridden by
+//! command-line flags.
+//!
+//! Loading is two-pass so errors stay precise: the file is first parsed on
+//! its own (an unknown key or a wrong type is reported with its line and
+//! column), then the overrides (`section.key=value`) are merged into the
+//! parsed table and the result is validated as a whole.
+//! Every key and its default is documented in `docs/config.md`.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Where `scripts/fetch-model.sh` puts the default model, under `root`.
+pub fn default_model_path(root: &Path) -> PathBuf {
+    root.join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+/// The whole configuration.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineConfig {
+    /// What to run.
+    pub model: ModelConfig,
+    /// The continuous-batching scheduler.
+    pub scheduler: SchedulerConfig,
+    /// The paged KV cache.
+    pub cache: CacheConfig,
+    /// How the work is spread over workers.
+    pub parallel: ParallelConfig,
+    /// The worker processes and their model runners.
+    pub worker: WorkerConfig,
+    /// WebAssembly plugins to make known.
+    pub plugins: PluginsConfig,
+    /// The OpenAI-compatible HTTP server.
+    pub server: ServerConfig,
+}
+
+/// `[model]`: the checkpoint, its tokenizer and its limits.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelConfig {
+    /// A `.gguf` file or a Hugging Face directory (config.json + safetensors).
+    /// Relative paths are resolved against the current directory.
+    pub path: PathBuf,
+    /// How to read `path`.
+    pub load_format: LoadFormat,
+    /// A `tokenizer.json` to use instead of the model's own tokenizer.
+    pub tokenizer: Option<PathBuf>,
+    /// The longest sequence (prompt + output) to serve; 0 takes the model's
+    /// trained context length.
+    pub max_model_len: usize,
+    /// Seed of the dummy weights (`load_format = "dummy"`).
+    pub seed: u64,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            path: default_model_path(Path::new(".")),
+            load_format: LoadFormat::Auto,
+            tokenizer: None,
+            max_model_len: 0,
+            seed: 0,
+        }
+    }
+}
+
+/// How to read the model path (vLLM's `load_format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LoadFormat {
+    /// Decide from the path: a `.gguf` file, or a safetensors directory.
+    #[default]
+    Auto,
+    /// A GGUF file.
+    Gguf,
+    /// A Hugging Face directory: config.json + *.safetensors.
+    Safetensors,
+    /// Random weights shaped by `path` (a config.json or a GGUF file's
+    /// metadata), for memory and speed work without a checkpoint.
+    Dummy,
+}
+
+/// `[scheduler]`: vLLM V1's scheduler knobs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SchedulerConfig {
+    /// Most requests in one step.
+    pub max_num_seqs: usize,
+    /// Token budget of one step (prefill chunks plus decodes).
+    pub max_num_batched_tokens: usize,
+    /// Split long prompts across steps.
+    pub enable_chunked_prefill: bool,
+    /// A prefill longer than this is chunked to it; 0 disables the cap.
+    pub long_prefill_token_threshold: usize,
+    /// The scheduling policy by qualified name.
+    pub policy: String,
+    /// Schedule step N+1 while step N runs.
+    pub async_scheduling: bool,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            max_num_seqs: 256,
+            max_num_batched_tokens: 2048,
+            enable_chunked_prefill: true,
+            long_prefill_token_threshold: 0,
+            policy: "builtin:fcfs".into(),
+            async_scheduling: true,
+        }
+    }
+}
+
+/// `[cache]`: the paged KV cache.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CacheConfig {
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Memory given to the KV cache on CPU workers, in bytes.
+    pub kv_cache_memory_bytes: u64,
+    /// Reuse the KV blocks of shared prompt prefixes.
+    pub enable_prefix_caching: bool,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig { block_size: 16, kv_cache_memory_bytes: 256 << 20, enable_prefix_caching: true }
+    }
+}
+
+/// `[parallel]`: how many workers and how they are driven.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ParallelConfig {
+    /// Workers the attention heads and the MLP are sharded over.
+    pub tensor_parallel_size: usize,
+    /// The executor backend: `uni` (worker in the engine process) or `mp`
+    /// (one worker process per rank).
+    pub distributed_executor_backend: String,
+}
+
+impl Default for ParallelConfig {
+    fn default() -> Self {
+        ParallelConfig { tensor_parallel_size: 1, distributed_executor_backend: "uni".into() }
+    }
+}
+
+/// `[worker]`: the worker and its model runner.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// Which worker: `auto` picks the built-in one for the machine, `cpu`
+    /// asks for the CPU worker.
+    pub cls: String,
+    /// Compute threads per worker; 0 uses every core.
+    pub num_threads: usize,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig { cls: "auto".into(), num_threads: 0 }
+    }
+}
+
+/// `[plugins]`: WebAssembly components to make known by qualified name.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PluginsConfig {
+    /// Component files (`--plugin FILE` appends here).
+    pub paths: Vec<PathBuf>,
+    /// Folders whose `*.wasm` components are all made known.
+    pub dirs: Vec<PathBuf>,
+}
+
+/// `[server]`: the OpenAI-compatible HTTP API.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address to listen on.
+    pub host: String,
+    /// Port to listen on.
+    pub port: u16,
+    /// Require `Authorization: Bearer <api_key>` when set.
+    pub api_key: Option<String>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig { host: "127.0.0.1".into(), port: 8000, api_key: None }
+    }
+}
+
+/// A configuration that could not be read or is not valid.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or does not match the schema; the message
+    /// carries the key, line and column.
+    #[error("invalid config file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message (names the key and the line).
+        message: String,
+    },
+    /// An override given on the command line is malformed or does not fit.
+    #[error("invalid override `{item}`: {message}")]
+    Override {
+        /// The `key=value` as given.
+        item: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A value is out of range or names something that does not exist.
+    #[error("invalid config: `{key}` {message}")]
+    Invalid {
+        /// The dotted key.
+        key: &'static str,
+        /// What is wrong and what would be right.
+        message: String,
+    },
+}
+
+/// The executor backends known to this build.
+pub const EXECUTOR_BACKENDS: &[&str] = &["uni"];
+
+/// The built-in worker classes (`worker.cls`).
+pub const WORKER_CLASSES: &[&str] = &["auto", "cpu"];
+
+impl EngineConfig {
+    /// Reads `file` (if any), applies `overrides` (`section.key=value`, the
+    /// value in TOML syntax or a bare string) in order, and validates.
+    pub fn load(file: Option<&Path>, overrides: &[String]) -> Result<EngineConfig, ConfigError> {
+        let mut table = match file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|source| ConfigError::Io { path: path.to_path_buf(), source })?;
+                // First pass: the file alone, so errors carry its line numbers.
+                toml::from_str::<EngineConfig>(&text).map_err(|e| ConfigError::Parse {
+                    path: path.to_path_buf(),
+                    message: e.to_string().trim_end().to_string(),
+                })?;
+                text.parse::<toml::Table>().expect("parsed as a config just above")
+            }
+            None => toml::Table::new(),
+        };
+        for item in overrides {
+            apply_override(&mut table, item)?;
+        }
+        let config: EngineConfig = toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| {
+            ConfigError::Override { item: overrides.join(" "), message: e.message().to_string() }
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks ranges and names that serde cannot.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key, message: String| Err(ConfigError::Invalid { key, message });
+        if self.scheduler.max_num_seqs == 0 {
+            return invalid("scheduler.max_num_seqs", "must be at least 1".into());
+        }
+        if self.scheduler.max_num_batched_tokens == 0 {
+            return invalid("scheduler.max_num_batched_tokens", "must be at least 1".into());
+        }
+        if !(1..=1024).contains(&self.cache.block_size) {
+            return invalid("cache.block_size", format!("must be in 1..=1024, got {}", self.cache.block_size));
+        }
+        if self.cache.kv_cache_memory_bytes == 0 {
+            return invalid("cache.kv_cache_memory_bytes", "must be more than 0".into());
+        }
+        if self.parallel.tensor_parallel_size == 0 {
+            return invalid("parallel.tensor_parallel_size", "must be at least 1".into());
+        }
+        let backend = &self.parallel.distributed_executor_backend;
+        if !EXECUTOR_BACKENDS.contains(&backend.as_str()) {
+            return invalid(
+                "parallel.distributed_executor_backend",
+                format!("is `{backend}`; known backends: {}", EXECUTOR_BACKENDS.join(", ")),
+            );
+        }
+        if self.parallel.tensor_parallel_size > 1 {
+            return invalid(
+                "parallel.tensor_parallel_size",
+                format!(
+                    "is {}, but this build runs one worker; use 1",
+                    self.parallel.tensor_parallel_size
+                ),
+            );
+        }
+        if !WORKER_CLASSES.contains(&self.worker.cls.as_str()) {
+            return invalid(
+                "worker.cls",
+                format!("is `{}`; known worker classes: {}", self.worker.cls, WORKER_CLASSES.join(", ")),
+            );
+        }
+        Ok(())
+    }
+
+    /// The effective configuration as TOML (`host config show`).
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("the config tree always serialises")
+    }
+}
+
+/// Sets `section.key = value` in `table`; the value is parsed as TOML and,
+/// failing that, taken as a string, so `model.path=foo.gguf` works unquoted.
+fn apply_override(table: &mut toml::Table, item: &str) -> Result<(), ConfigError> {
+    let err = |message: &str| ConfigError::Override { item: item.to_string(), message: message.to_string() };
+    let (key, raw) = item.split_once('=').ok_or_else(|| err("expected `section.key=value`"))?;
+    let path: Vec<&str> = key.trim().split('.').collect();
+    if path.iter().any(|p| p.is_empty()) {
+        return Err(err("expected `section.key=value`"));
+    }
+    let raw = raw.trim();
+    let value = format!("v = {raw}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.to_string()));
+    let (last, parents) = path.split_last().expect("split yields one part at least");
+    let mut node = table;
+    for part in parents {
+        node = node
+            .entry(part.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+            .as_table_mut()
+            .ok_or_else(|| err(&format!("`{part}` is a value, not a section")))?;
+    }
+    node.insert(last.to_string(), value);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(text: &str) -> tempfile::NamedTempFile {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), text).unwrap();
+        file
+    }
+
+    #[test]
+    fn defaults_are_valid_and_round_trip() {
+        let config = EngineConfig::load(None, &[]).unwrap();
+        assert_eq!(config, EngineConfig::default());
+        let again: EngineConfig = toml::from_str(&config.to_toml()).unwrap();
+        assert_eq!(again, config);
+    }
+
+    #[test]
+    fn unknown_key_names_the_key_and_line() {
+        let file = write("[scheduler]\nmax_num_seqs = 8\nmax_num_seqz = 9\n");
+        let msg = EngineConfig::load(Some(file.path()), &[]).unwrap_err().to_string();
+        assert!(msg.contains("max_num_seqz"), "{msg}");
+        assert!(msg.contains("line 3"), "{msg}");
+        assert!(msg.contains(&file.path().display().to_string()), "{msg}");
+    }
+
+    #[test]
+    fn wrong_type_names_the_key_and_line() {
+        let file = write("[cache]\n\nblock_size = \"sixteen\"\n");
+        let msg = EngineConfig::load(Some(file.path()), &[]).unwrap_err().to_string();
+        assert!(msg.contains("block_size") && msg.contains("line 3"), "{msg}");
+    }
+
+    #[test]
+    fn overrides_win_over_the_file() {
+        let file = write("[scheduler]\nmax_num_seqs = 8\n[model]\npath = \"a.gguf\"\n");
+        let config = EngineConfig::load(
+            Some(file.path()),
+            &["scheduler.max_num_seqs=32".into(), "model.path=b.gguf".into()],
+        )
+        .unwrap();
+        assert_eq!(config.scheduler.max_num_seqs, 32);
+        assert_eq!(config.model.path, PathBuf::from("b.gguf"));
+    }
+
+    #[test]
+    fn bad_overrides_are_named() {
+        for item in ["noequals", "=3", "scheduler..x=1", "scheduler.max_num_seqs=many"] {
+            let msg = EngineConfig::load(None, &[item.to_string()]).unwrap_err().to_string();
+            assert!(msg.contains(item) || msg.contains("max_num_seqs"), "{item}: {msg}");
+        }
+        let msg = EngineConfig::load(None, &["scheduler.nope=1".into()]).unwrap_err().to_string();
+        assert!(msg.contains("nope"), "{msg}");
+    }
+
+    #[test]
+    fn unknown_backend_lists_the_known_ones() {
+        let msg = EngineConfig::load(None, &["parallel.distributed_executor_backend=ray".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("ray") && msg.contains("uni"), "{msg}");
+    }
+
+    #[test]
+    fn out_of_range_values_are_refused() {
+        for item in ["scheduler.max_num_seqs=0", "cache.block_size=0", "worker.cls=\"gpu9\""] {
+            assert!(EngineConfig::load(None, &[item.to_string()]).is_err(), "{item}");
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! `host`: a vLLM V1-style LLM inference engine in Rust whose scheduling
+//! policies, samplers and worker extensions are WebAssembly components.
+//!
+//! The modules follow vLLM's nouns; see `docs/ARCHITECTURE.md` for the map.
+//! Dependency direction: cli → engine → scheduler / executor → worker →
+//! model runner → kernels.
+
+pub mod cli;
+pub mod config;
+pub mod kernels;
+pub mod kv_cache;
+pub mod message_queue;
+pub mod model;
+pub mod model_runner;
+pub mod sampling;
+pub mod scheduler;
+pub mod tokenizer;
+pub mod worker;

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs what the test suite needs on a fresh machine, then runs every test.
+# This is README's second command and exactly what CI runs (.ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# The WebAssembly target the plugins are built for.
+rustup target add wasm32-wasip2
+# The Python references the end-to-end tests compare against.
+python3 -m pip install --quiet --disable-pip-version-check -r tests/reference/requirements.txt
+# The default model (cached; checked by sha256).
+bash scripts/fetch-model.sh
+
+cargo test --workspace --all-targets

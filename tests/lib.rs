@@ -1,0 +1,56 @@
+//! Shared helpers for the end-to-end tests: where the repository, the default
+//! model and the `host` binary are, and how to run the Python references.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The repository root (the folder holding the workspace `Cargo.toml`).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+}
+
+/// The default model, as `scripts/fetch-model.sh` leaves it.
+///
+/// Panics with the command to run when it is missing: the end-to-end tests
+/// run the real model and never skip.
+pub fn default_model() -> PathBuf {
+    let path = host::config::default_model_path(&repo_root());
+    assert!(
+        path.is_file(),
+        "the default model is missing at {}; run `bash scripts/fetch-model.sh` first",
+        path.display()
+    );
+    path
+}
+
+/// The `host` binary built by the same `cargo test` invocation.
+pub fn host_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    // target/<profile>/deps/<test> -> target/<profile>/host
+    let dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
+    let bin = dir.join(format!("host{}", std::env::consts::EXE_SUFFIX));
+    assert!(bin.is_file(), "{} is missing; build it with `cargo build -p host`", bin.display());
+    bin
+}
+
+/// Runs `python3 tests/reference/<script> <args>` and returns its stdout.
+///
+/// Panics with stderr and the install hint when the script fails: the
+/// references need `pip install -r tests/reference/requirements.txt`.
+pub fn run_python(script: &str, args: &[&str]) -> String {
+    let path = repo_root().join("tests/reference").join(script);
+    let out = Command::new("python3")
+        .arg(&path)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot start python3 for {}: {e}", path.display()));
+    assert!(
+        out.status.success(),
+        "{} failed ({}); install the references' packages with \
+         `pip install -r tests/reference/requirements.txt`\n{}",
+        path.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("reference output is UTF-8")
+}
