@@ -1,0 +1,206 @@
+//! Per-request sampling parameters (vLLM's `SamplingParams`) and their validation.
+//!
+//! The struct is read from JSONL request lines and TOML files, so every field has
+//! vLLM's default and unknown fields are rejected: a typo such as `top_pp` must be
+//! an error, not a silently ignored setting.
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// The largest `logprobs` a request may ask for (vLLM's default `max_logprobs`).
+pub const MAX_LOGPROBS: u32 = 20;
+
+/// Temperatures below this are treated as greedy decoding, as vLLM does
+/// (`_SAMPLING_EPS`): dividing by a tiny temperature would overflow anyway.
+pub const GREEDY_TEMPERATURE_EPS: f32 = 1e-5;
+
+/// How one request's next tokens are chosen and when its generation stops.
+///
+/// Defaults are vLLM's. Call [`SamplingParams::validate`] before using values that
+/// came from a user.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SamplingParams {
+    /// Number of sequences to generate for the prompt; default 1.
+    pub n: u32,
+    /// Softmax temperature; default 1.0. 0 (or below 1e-5) means greedy.
+    pub temperature: f32,
+    /// Nucleus sampling mass; default 1.0 (disabled); must be in (0, 1].
+    pub top_p: f32,
+    /// Keep only the k most likely tokens; 0 or -1 disable it (default 0).
+    pub top_k: i32,
+    /// Drop tokens whose probability is below `min_p` times the top probability;
+    /// default 0.0 (disabled); in [0, 1].
+    pub min_p: f32,
+    /// Subtracted once from the logit of every token already generated; in [-2, 2].
+    pub presence_penalty: f32,
+    /// Subtracted from a generated token's logit once per occurrence; in [-2, 2].
+    pub frequency_penalty: f32,
+    /// Divides positive (multiplies negative) logits of every token seen in the
+    /// prompt or output; default 1.0 (disabled); must be > 0.
+    pub repetition_penalty: f32,
+    /// Seed for this request's random generator; `None` draws one from the OS.
+    pub seed: Option<u64>,
+    /// Maximum number of generated tokens; default 16; at least 1.
+    pub max_tokens: u32,
+    /// EOS and stop tokens are suppressed until this many tokens were generated;
+    /// default 0; at most `max_tokens`.
+    pub min_tokens: u32,
+    /// Generation stops when the output text contains any of these strings.
+    pub stop: Vec<String>,
+    /// Generation stops when any of these tokens is sampled.
+    pub stop_token_ids: Vec<u32>,
+    /// Keep generating after the end-of-sequence token.
+    pub ignore_eos: bool,
+    /// Keep the matched stop string in the returned text.
+    pub include_stop_str_in_output: bool,
+    /// Number of top log-probabilities to return per generated token (at most 20);
+    /// `None` returns none. The sampled token's own logprob is always computed.
+    pub logprobs: Option<u32>,
+    /// Leave special tokens out of the detokenized text; default true.
+    pub skip_special_tokens: bool,
+    /// Free-form arguments for sampler plugins; the built-in sampler ignores them.
+    pub extra_args: Option<serde_json::Value>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            n: 1,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            seed: None,
+            max_tokens: 16,
+            min_tokens: 0,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            include_stop_str_in_output: false,
+            logprobs: None,
+            skip_special_tokens: true,
+            extra_args: None,
+        }
+    }
+}
+
+/// A sampling parameter outside its valid range.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum SamplingParamsError {
+    /// `field` holds `value`, which is not in the range described by `valid`.
+    #[error("{field} must be {valid}, got {value}")]
+    OutOfRange {
+        /// The parameter's name as written in a request.
+        field: &'static str,
+        /// The rejected value, formatted.
+        value: String,
+        /// The valid range in words, e.g. "in (0, 1]".
+        valid: String,
+    },
+}
+
+/// Builds the error for `field`; `value` is formatted with `Debug` so strings
+/// are quoted and NaN is visible.
+fn out_of_range(
+    field: &'static str,
+    value: impl std::fmt::Debug,
+    valid: impl Into<String>,
+) -> SamplingParamsError {
+    SamplingParamsError::OutOfRange {
+        field,
+        value: format!("{value:?}"),
+        valid: valid.into(),
+    }
+}
+
+/// Checks `lo <= value <= hi`; NaN fails every comparison and is rejected.
+fn check_closed(
+    field: &'static str,
+    value: f32,
+    lo: f32,
+    hi: f32,
+) -> Result<(), SamplingParamsError> {
+    if value >= lo && value <= hi {
+        Ok(())
+    } else {
+        Err(out_of_range(field, value, format!("in [{lo}, {hi}]")))
+    }
+}
+
+impl SamplingParams {
+    /// Checks every field against vLLM's ranges; the error names the field, the
+    /// value and the valid range. NaN and infinities are rejected everywhere.
+    pub fn validate(&self) -> Result<(), SamplingParamsError> {
+        if self.n < 1 {
+            return Err(out_of_range("n", self.n, "at least 1"));
+        }
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return Err(out_of_range(
+                "temperature",
+                self.temperature,
+                "finite and >= 0",
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(out_of_range("top_p", self.top_p, "in (0, 1]"));
+        }
+        if self.top_k < -1 {
+            return Err(out_of_range(
+                "top_k",
+                self.top_k,
+                "0 or -1 (disabled) or >= 1",
+            ));
+        }
+        check_closed("min_p", self.min_p, 0.0, 1.0)?;
+        check_closed("presence_penalty", self.presence_penalty, -2.0, 2.0)?;
+        check_closed("frequency_penalty", self.frequency_penalty, -2.0, 2.0)?;
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+            return Err(out_of_range(
+                "repetition_penalty",
+                self.repetition_penalty,
+                "finite and > 0",
+            ));
+        }
+        if self.max_tokens < 1 {
+            return Err(out_of_range("max_tokens", self.max_tokens, "at least 1"));
+        }
+        if self.min_tokens > self.max_tokens {
+            return Err(out_of_range(
+                "min_tokens",
+                self.min_tokens,
+                format!("<= max_tokens ({})", self.max_tokens),
+            ));
+        }
+        if let Some(s) = self.stop.iter().find(|s| s.is_empty()) {
+            return Err(out_of_range("stop", s, "a list of non-empty strings"));
+        }
+        if let Some(k) = self.logprobs {
+            if k > MAX_LOGPROBS {
+                return Err(out_of_range(
+                    "logprobs",
+                    k,
+                    format!("in [0, {MAX_LOGPROBS}]"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// True when the next token is the argmax rather than a random draw.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature < GREEDY_TEMPERATURE_EPS
+    }
+
+    /// The effective top-k cut for a vocabulary of `vocab` tokens, or `None`
+    /// when top-k is disabled or would keep the whole vocabulary.
+    pub fn effective_top_k(&self, vocab: usize) -> Option<usize> {
+        match usize::try_from(self.top_k) {
+            Ok(k) if k >= 1 && k < vocab => Some(k),
+            _ => None,
+        }
+    }
+}
