@@ -1,0 +1,116 @@
+//! The scheduler's configuration (vLLM's `SchedulerConfig` plus the cache
+//! settings the scheduler needs).
+
+use serde::{Deserialize, Serialize};
+
+use super::SchedulerError;
+
+/// Limits and switches for one scheduler.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SchedulerConfig {
+    /// Most requests in the running batch at once (vLLM default 256 on
+    /// most GPUs).
+    pub max_num_seqs: u32,
+    /// Most tokens scheduled in one step, over all requests (the token
+    /// budget).
+    pub max_num_batched_tokens: u32,
+    /// Longest sequence (prompt + output) the model accepts.
+    pub max_model_len: u32,
+    /// Caps one request's prefill chunk per step so long prompts do not
+    /// starve others; 0 disables the cap.
+    pub long_prefill_token_threshold: u32,
+    /// Split prompts longer than the remaining budget across steps. When off,
+    /// a prompt is scheduled whole or not at all (then `max_num_batched_tokens`
+    /// must be at least `max_model_len`).
+    pub enable_chunked_prefill: bool,
+    /// Tokens per KV block.
+    pub block_size: u32,
+    /// KV blocks available. The engine sets it from the worker's
+    /// `determine_available_memory`; 0 (the default) is rejected by
+    /// [`validate`](Self::validate).
+    pub num_blocks: u32,
+    /// Reuse the KV of shared prompt prefixes.
+    pub enable_prefix_caching: bool,
+    /// The model's end-of-sequence token; `None` means only `max_tokens`,
+    /// `stop_token_ids` and aborts end requests.
+    pub eos_token_id: Option<u32>,
+    /// The scheduling policy's qualified name: `builtin:fcfs` or
+    /// `builtin:priority` (plugins are passed to `Scheduler::with_policy`).
+    pub policy: String,
+}
+
+impl Default for SchedulerConfig {
+    /// [`SchedulerConfig::new`] with `num_blocks` still to be set (0).
+    fn default() -> Self {
+        Self::new(0)
+    }
+}
+
+impl SchedulerConfig {
+    /// vLLM's defaults for a cache of `num_blocks` blocks: 256 sequences,
+    /// 2048 batched tokens, 8192 context, chunked prefill and prefix caching
+    /// on, block size 16, FCFS.
+    pub fn new(num_blocks: u32) -> Self {
+        Self {
+            max_num_seqs: 256,
+            max_num_batched_tokens: 2048,
+            max_model_len: 8192,
+            long_prefill_token_threshold: 0,
+            enable_chunked_prefill: true,
+            block_size: 16,
+            num_blocks,
+            enable_prefix_caching: true,
+            eos_token_id: None,
+            policy: "builtin:fcfs".to_string(),
+        }
+    }
+
+    /// Checks every limit; the error names the field and the fix.
+    pub fn validate(&self) -> Result<(), SchedulerError> {
+        let positive = [
+            ("max_num_seqs", self.max_num_seqs),
+            ("max_num_batched_tokens", self.max_num_batched_tokens),
+            ("max_model_len", self.max_model_len),
+            ("block_size", self.block_size),
+            ("num_blocks", self.num_blocks),
+        ];
+        for (field, value) in positive {
+            if value == 0 {
+                return Err(SchedulerError::InvalidConfig {
+                    field,
+                    value: value.to_string(),
+                    reason: "must be at least 1".into(),
+                });
+            }
+        }
+        if !self.enable_chunked_prefill && self.max_num_batched_tokens < self.max_model_len {
+            return Err(SchedulerError::InvalidConfig {
+                field: "max_num_batched_tokens",
+                value: self.max_num_batched_tokens.to_string(),
+                reason: format!(
+                    "without chunked prefill a whole prompt must fit in one step: raise it to at least max_model_len ({}) or enable chunked prefill",
+                    self.max_model_len
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_tables_fill_defaults_and_reject_typos() {
+        let c: SchedulerConfig = toml::from_str("max_num_seqs = 4\nnum_blocks = 10").unwrap();
+        assert_eq!((c.max_num_seqs, c.num_blocks, c.block_size), (4, 10, 16));
+        assert_eq!(c.policy, "builtin:fcfs");
+        c.validate().unwrap();
+        let e = toml::from_str::<SchedulerConfig>("max_num_seq = 4").unwrap_err();
+        assert!(e.to_string().contains("max_num_seq"), "{e}");
+        let e = SchedulerConfig::default().validate().unwrap_err();
+        assert!(e.to_string().contains("num_blocks = 0"), "{e}");
+    }
+}

@@ -1,0 +1,189 @@
+//! One generation request as the scheduler tracks it (vLLM's `Request`).
+
+use std::sync::Arc;
+
+use crate::kv_cache::RequestBlocks;
+use crate::sampling::SamplingParams;
+
+/// The scheduler's compact handle for a live request: an index into its
+/// request slots. Handles are what the worker keys its persistent batch by.
+/// A handle is reused for a later request only after the scheduler output
+/// that reported its request finished, so one output never names a handle
+/// both as finished and as a new request.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+pub struct ReqHandle(pub u32);
+
+impl ReqHandle {
+    /// The slot index.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// Why a request stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum FinishReason {
+    /// The end-of-sequence token was sampled (and `ignore_eos` was off).
+    Eos,
+    /// One of the request's `stop_token_ids` was sampled.
+    StopToken(u32),
+    /// `max_tokens` was reached, or the sequence reached `max_model_len`.
+    Length,
+    /// The request was aborted by the client or the engine.
+    Abort,
+}
+
+impl FinishReason {
+    /// The OpenAI `finish_reason` string: "stop", "length" or "abort".
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Eos | FinishReason::StopToken(_) => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+        }
+    }
+}
+
+/// Where a request is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestStatus {
+    /// Queued, never scheduled.
+    Waiting,
+    /// In the running batch.
+    Running,
+    /// Evicted from the running batch; queued again to be recomputed.
+    Preempted,
+    /// Done; its blocks are freed.
+    Finished(FinishReason),
+}
+
+/// A request: its tokens, sampling parameters and scheduling state.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub(super) request_id: Arc<str>,
+    /// Prompt followed by output tokens, contiguous so full blocks spanning
+    /// the boundary hash without copying.
+    pub(super) all_token_ids: Vec<u32>,
+    pub(super) num_prompt_tokens: usize,
+    pub(super) sampling_params: SamplingParams,
+    pub(super) arrival_time: f64,
+    pub(super) priority: i32,
+    pub(super) status: RequestStatus,
+    pub(super) num_computed_tokens: usize,
+    /// Prefix-cache hit at first admission; `None` before it.
+    pub(super) num_cached_tokens: Option<usize>,
+    pub(super) num_preemptions: u32,
+    pub(super) kv: RequestBlocks,
+    /// Whether the worker has seen this request (it was scheduled at least
+    /// once), which decides between "new" and "cached" in the output.
+    pub(super) seen_by_worker: bool,
+}
+
+impl Request {
+    /// A waiting request. `arrival_time` is in seconds on any monotonic
+    /// clock the caller uses consistently; a lower `priority` value is served
+    /// first by the priority policy (vLLM's convention).
+    pub fn new(
+        request_id: impl Into<Arc<str>>,
+        prompt_token_ids: Vec<u32>,
+        sampling_params: SamplingParams,
+        arrival_time: f64,
+        priority: i32,
+    ) -> Self {
+        let num_prompt_tokens = prompt_token_ids.len();
+        Self {
+            request_id: request_id.into(),
+            all_token_ids: prompt_token_ids,
+            num_prompt_tokens,
+            sampling_params,
+            arrival_time,
+            priority,
+            status: RequestStatus::Waiting,
+            num_computed_tokens: 0,
+            num_cached_tokens: None,
+            num_preemptions: 0,
+            kv: RequestBlocks::new(None),
+            seen_by_worker: false,
+        }
+    }
+
+    /// Isolates this request's prefix-cache entries: only requests with the
+    /// same salt share cached blocks (vLLM's `cache_salt`).
+    pub fn with_cache_salt(mut self, salt: u64) -> Self {
+        self.kv = RequestBlocks::new(Some(salt));
+        self
+    }
+
+    /// The caller's request id.
+    pub fn request_id(&self) -> &str {
+        &self.request_id
+    }
+
+    /// The prompt's token ids.
+    pub fn prompt_token_ids(&self) -> &[u32] {
+        &self.all_token_ids[..self.num_prompt_tokens]
+    }
+
+    /// Tokens generated so far.
+    pub fn output_token_ids(&self) -> &[u32] {
+        &self.all_token_ids[self.num_prompt_tokens..]
+    }
+
+    /// Prompt and output tokens.
+    pub fn all_token_ids(&self) -> &[u32] {
+        &self.all_token_ids
+    }
+
+    /// Prompt plus output length.
+    pub fn num_tokens(&self) -> usize {
+        self.all_token_ids.len()
+    }
+
+    /// Generated token count.
+    pub fn num_output_tokens(&self) -> usize {
+        self.all_token_ids.len() - self.num_prompt_tokens
+    }
+
+    /// The sampling parameters.
+    pub fn sampling_params(&self) -> &SamplingParams {
+        &self.sampling_params
+    }
+
+    /// Arrival time in the caller's seconds.
+    pub fn arrival_time(&self) -> f64 {
+        self.arrival_time
+    }
+
+    /// Priority (lower is served first by `builtin:priority`).
+    pub fn priority(&self) -> i32 {
+        self.priority
+    }
+
+    /// Current status.
+    pub fn status(&self) -> RequestStatus {
+        self.status
+    }
+
+    /// Tokens whose KV is computed or scheduled to be computed by an
+    /// in-flight step (advanced when a step is scheduled, as in vLLM).
+    pub fn num_computed_tokens(&self) -> usize {
+        self.num_computed_tokens
+    }
+
+    /// Prompt tokens found in the prefix cache at first admission (0 before).
+    pub fn num_cached_tokens(&self) -> usize {
+        self.num_cached_tokens.unwrap_or(0)
+    }
+
+    /// How many times the request was preempted.
+    pub fn num_preemptions(&self) -> u32 {
+        self.num_preemptions
+    }
+
+    /// The KV block table.
+    pub fn block_ids(&self) -> &[u32] {
+        self.kv.block_ids()
+    }
+}

@@ -1,0 +1,112 @@
+//! `Scheduler::update_from_output`: sampled tokens in, per-request outputs
+//! and finishes out.
+
+use super::output::{NewTokens, RequestOutput, SchedulerOutput};
+use super::request::{FinishReason, ReqHandle, Request, RequestStatus};
+use super::Scheduler;
+
+/// Why `req` must stop after its newest token `t`, if it must. Stop tokens
+/// count only once `min_tokens` outputs exist; a stop token wins over the
+/// length limit when both apply (the sequence did end naturally).
+#[inline]
+fn check_stop(
+    req: &Request,
+    t: u32,
+    eos: Option<u32>,
+    max_model_len: usize,
+) -> Option<FinishReason> {
+    let p = &req.sampling_params;
+    let n_out = req.num_output_tokens();
+    if n_out >= p.min_tokens as usize {
+        if !p.ignore_eos && eos == Some(t) {
+            return Some(FinishReason::Eos);
+        }
+        if p.stop_token_ids.contains(&t) {
+            return Some(FinishReason::StopToken(t));
+        }
+    }
+    if n_out >= p.max_tokens as usize || req.num_tokens() >= max_model_len {
+        return Some(FinishReason::Length);
+    }
+    None
+}
+
+impl Scheduler {
+    /// Applies the tokens sampled in the step `out` scheduled. `sampled`
+    /// pairs a handle with its tokens (one for a plain decode); entries for
+    /// handles not scheduled in `out`, no longer running (aborted or
+    /// preempted meanwhile) or still in a partial prefill are ignored, as
+    /// vLLM discards them. Stops on EOS (unless `ignore_eos`), a stop token,
+    /// `max_tokens` or `max_model_len`, ignoring stop tokens before
+    /// `min_tokens`; tokens after a stop are dropped. Finished requests'
+    /// blocks are freed. Returns one output per request that got tokens.
+    pub fn update_from_output<T: AsRef<[u32]>>(
+        &mut self,
+        out: &SchedulerOutput,
+        sampled: &[(ReqHandle, T)],
+    ) -> Vec<RequestOutput> {
+        let mut outputs = Vec::with_capacity(sampled.len());
+        self.update_from_output_into(out, sampled, &mut outputs);
+        outputs
+    }
+
+    /// [`update_from_output`](Self::update_from_output) writing into a
+    /// reusable vector (cleared first).
+    pub fn update_from_output_into<T: AsRef<[u32]>>(
+        &mut self,
+        out: &SchedulerOutput,
+        sampled: &[(ReqHandle, T)],
+        outputs: &mut Vec<RequestOutput>,
+    ) {
+        outputs.clear();
+        let mark = &mut self.scratch.mark;
+        for &(h, _) in &out.num_scheduled_tokens {
+            if let Some(m) = mark.get_mut(h.index()) {
+                *m = out.step_id;
+            }
+        }
+        let eos = self.config.eos_token_id;
+        let max_model_len = self.config.max_model_len as usize;
+        let mut any_finished = false;
+        for (h, tokens) in sampled {
+            let tokens = tokens.as_ref();
+            match self.scratch.mark.get_mut(h.index()) {
+                Some(m) if *m == out.step_id && out.step_id != 0 => *m = 0,
+                _ => continue,
+            }
+            let Some(req) = self.slots[h.index()].as_mut() else {
+                continue;
+            };
+            if req.status != RequestStatus::Running
+                || req.num_computed_tokens < req.num_tokens()
+                || tokens.is_empty()
+            {
+                continue;
+            }
+            let mut new_token_ids = NewTokens::default();
+            let mut finish_reason = None;
+            for &t in tokens {
+                req.all_token_ids.push(t);
+                new_token_ids.push(t);
+                finish_reason = check_stop(req, t, eos, max_model_len);
+                if finish_reason.is_some() {
+                    break;
+                }
+            }
+            outputs.push(RequestOutput {
+                handle: *h,
+                new_token_ids,
+                finish_reason,
+                num_cached_tokens: req.num_cached_tokens() as u32,
+            });
+            if let Some(reason) = finish_reason {
+                self.finish(*h, reason);
+                any_finished = true;
+            }
+        }
+        if any_finished {
+            let slots = &self.slots;
+            self.running.retain(|h| slots[h.index()].is_some());
+        }
+    }
+}
