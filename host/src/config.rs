@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::model::LoadFormat;
+
 /// Where `scripts/fetch-model.sh` puts the default model, under `root`.
 pub fn default_model_path(root: &Path) -> PathBuf {
     root.join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -64,22 +66,6 @@ impl Default for ModelConfig {
             seed: 0,
         }
     }
-}
-
-/// How to read the model path (vLLM's `load_format`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LoadFormat {
-    /// Decide from the path: a `.gguf` file, or a safetensors directory.
-    #[default]
-    Auto,
-    /// A GGUF file.
-    Gguf,
-    /// A Hugging Face directory: config.json + *.safetensors.
-    Safetensors,
-    /// Random weights shaped by `path` (a config.json or a GGUF file's
-    /// metadata), for memory and speed work without a checkpoint.
-    Dummy,
 }
 
 /// `[scheduler]`: vLLM V1's scheduler knobs.

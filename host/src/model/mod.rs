@@ -7,13 +7,19 @@
 //! llama.cpp's converter permutes them. Loaders of other formats convert to
 //! that convention so the model runner has one code path.
 
+pub mod check;
+pub mod dequant;
 pub mod dummy;
 pub mod gguf;
+mod load;
+pub mod quant;
 pub mod safetensors;
 
 use std::sync::Arc;
 
 use memmap2::Mmap;
+
+pub use load::{dummy_config, load, load_dummy, LoadFormat, ModelError, DEFAULT_DUMMY_DTYPE};
 
 /// Hyper-parameters of a llama-family model.
 #[derive(Clone, Debug, PartialEq)]
