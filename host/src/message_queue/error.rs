@@ -1,0 +1,138 @@
+//! The queue's error type: every failure names the party at fault and a fix.
+
+use std::time::Duration;
+
+/// The state of one reader, as reported when the writer cannot make progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReaderLag {
+    /// The reader's rank.
+    pub rank: usize,
+    /// The reader's process id, or `None` if it never attached.
+    pub pid: Option<u32>,
+    /// Whether that process is still running.
+    pub alive: bool,
+}
+
+impl std::fmt::Display for ReaderLag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.pid {
+            None => write!(f, "reader {} (never attached)", self.rank),
+            Some(pid) if self.alive => {
+                write!(f, "reader {} (pid {pid}, alive but slow)", self.rank)
+            }
+            Some(pid) => write!(f, "reader {} (pid {pid}, dead)", self.rank),
+        }
+    }
+}
+
+/// Formats a list of lagging readers for an error message.
+fn list(lags: &[ReaderLag]) -> String {
+    lags.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Errors of [`super::MessageQueue`] and its message encoding.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// A configuration value is out of range.
+    #[error("invalid message queue config: {0}")]
+    InvalidConfig(String),
+    /// Creating, opening or mapping a shared-memory segment failed.
+    #[error("shared memory segment '{name}': {what} failed: {detail} (is /dev/shm mounted and large enough? in a container use --shm-size or --ipc=host)")]
+    Shm {
+        /// The segment's name.
+        name: String,
+        /// The operation that failed.
+        what: &'static str,
+        /// The operating system's description.
+        detail: String,
+    },
+    /// The segment does not hold a queue of the expected shape.
+    #[error("shared memory segment '{name}' is corrupted or not a message queue: {detail}")]
+    Corrupt {
+        /// The segment's name.
+        name: String,
+        /// What did not match.
+        detail: String,
+    },
+    /// The ring stayed full for the whole timeout.
+    #[error("enqueue of message {seq} timed out after {waited:?}: all {chunks} chunks are full because {} has not read message {oldest}; raise the timeout or find out why that reader is stuck", list(.behind))]
+    Full {
+        /// The message that could not be written.
+        seq: u64,
+        /// How long the writer waited.
+        waited: Duration,
+        /// The ring's chunk count.
+        chunks: usize,
+        /// The oldest unread message, which blocks the chunk.
+        oldest: u64,
+        /// The readers that have not read it.
+        behind: Vec<ReaderLag>,
+    },
+    /// No message arrived within the timeout.
+    #[error("dequeue by reader {rank} timed out after {waited:?} waiting for message {seq} (the writer, pid {writer_pid}, is alive but sent nothing)")]
+    Timeout {
+        /// The waiting reader's rank.
+        rank: usize,
+        /// The message it waited for.
+        seq: u64,
+        /// How long it waited.
+        waited: Duration,
+        /// The writer's process id.
+        writer_pid: u32,
+    },
+    /// Not every reader attached within the timeout.
+    #[error(
+        "readers {missing:?} did not attach within {waited:?}; did their processes start and call create_from_handle?"
+    )]
+    NotReady {
+        /// The ranks still missing.
+        missing: Vec<usize>,
+        /// How long the writer waited.
+        waited: Duration,
+    },
+    /// The queue was shut down and no message is left to read.
+    #[error("the message queue was shut down")]
+    Shutdown,
+    /// The writer's process exited without shutting the queue down.
+    #[error("the writer process (pid {pid}) died; no more messages will arrive")]
+    WriterDead {
+        /// The writer's process id.
+        pid: u32,
+    },
+    /// The operation does not fit this end of the queue.
+    #[error("{0}")]
+    WrongRole(&'static str),
+    /// The rank is not a reader of this queue.
+    #[error("rank {rank} is not a reader of this queue (local reader ranks: {local:?})")]
+    BadRank {
+        /// The rank asked for.
+        rank: usize,
+        /// The ranks that read from shared memory.
+        local: Vec<usize>,
+    },
+    /// The rank has already attached.
+    #[error("reader rank {rank} is already attached (by pid {pid}); each rank attaches once")]
+    AlreadyAttached {
+        /// The rank asked for.
+        rank: usize,
+        /// The process that holds it.
+        pid: u32,
+    },
+    /// The handle asks for something this build cannot do.
+    #[error("unsupported handle: {0}")]
+    Unsupported(String),
+    /// A message could not be encoded.
+    #[error("cannot encode message: {0}")]
+    Encode(String),
+    /// A frame could not be decoded (corrupted, truncated or of another type).
+    #[error("cannot decode message frame of {len} bytes: {detail}")]
+    Decode {
+        /// The frame's length.
+        len: usize,
+        /// What the decoder found wrong.
+        detail: String,
+    },
+}

@@ -1,0 +1,512 @@
+//! The ring protocol: one writer, N readers, one written flag (a sequence
+//! number) and one read flag per reader in every chunk.
+//!
+//! Writer, message `seq` into chunk `seq % n_chunks`:
+//! 1. wait until every read flag of the chunk is 1 (Acquire): all readers
+//!    are done with the previous message there, so the chunk is ours;
+//! 2. write the payload (or an overflow segment), its length and kind;
+//! 3. clear the read flags (Relaxed), then store `written = seq + 1`
+//!    (Release), which publishes steps 2–3 to any reader that sees it;
+//! 4. ring the data doorbell (a syscall only if a reader sleeps).
+//!
+//! Reader, message `seq`: wait until `written == seq + 1` (Acquire), read the
+//! payload, store its read flag = 1 (Release), ring the space doorbell.
+//! Because `written` is a sequence number, a reader never mistakes the
+//! previous lap's message for its own. `model.rs` checks these steps over
+//! every interleaving.
+
+use std::cell::Cell;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::codec;
+use super::error::{QueueError, ReaderLag};
+use super::handle::{Handle, ShmHandle, HANDLE_VERSION};
+use super::layout::{Blob, Geometry, Segment, KIND_INLINE, KIND_OVERFLOW, MAGIC, MAX_READERS};
+use super::process::{self, ProcessId};
+use super::wait::{wait_until, WaitEnd};
+use super::QueueConfig;
+
+/// Which end of the queue this is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Writer,
+    /// A reader; `slot` indexes its read flags.
+    Reader {
+        rank: usize,
+        slot: usize,
+    },
+}
+
+/// One end of a shared-memory broadcast queue: the single writer, or one of
+/// its readers. Every message the writer enqueues reaches every reader once,
+/// in order. `Send` but not `Sync`: each end belongs to one thread at a time.
+pub struct MessageQueue {
+    seg: Segment,
+    role: Role,
+    n_readers: usize,
+    owner: ProcessId,
+    spin_window: Duration,
+    /// The next message to write (writer) or read (reader).
+    next: Cell<u64>,
+}
+
+impl MessageQueue {
+    /// Creates a queue and returns its writer end. Also unlinks segments
+    /// left in `/dev/shm` by queue owners that died.
+    pub fn new_writer(n_readers: usize, config: QueueConfig) -> Result<MessageQueue, QueueError> {
+        config.validate()?;
+        if n_readers == 0 || n_readers > MAX_READERS {
+            return Err(QueueError::InvalidConfig(format!(
+                "n_readers = {n_readers}; use 1..={MAX_READERS}"
+            )));
+        }
+        process::sweep_dead_owners();
+        let owner = ProcessId::current();
+        let geometry = Geometry {
+            n_chunks: config.n_chunks,
+            max_chunk_bytes: config.max_chunk_bytes,
+        };
+        let seg = Segment::create(&process::fresh_name(owner), geometry)?;
+        let h = seg.header();
+        h.n_readers.store(n_readers as u32, Ordering::Relaxed);
+        h.n_chunks.store(config.n_chunks as u32, Ordering::Relaxed);
+        h.max_chunk_bytes
+            .store(config.max_chunk_bytes as u64, Ordering::Relaxed);
+        h.owner_pid.store(owner.pid, Ordering::Relaxed);
+        h.owner_start.store(owner.start_time, Ordering::Relaxed);
+        for i in 0..config.n_chunks {
+            // A never-written chunk counts as read by everyone, so it is free.
+            seg.meta(i).read.0[..n_readers]
+                .iter()
+                .for_each(|f| f.store(1, Ordering::Relaxed));
+        }
+        h.magic.store(MAGIC, Ordering::Release);
+        Ok(MessageQueue {
+            seg,
+            role: Role::Writer,
+            n_readers,
+            owner,
+            spin_window: config.spin_window,
+            next: Cell::new(0),
+        })
+    }
+
+    /// The handle that readers pass to [`MessageQueue::create_from_handle`].
+    pub fn export_handle(&self) -> Handle {
+        let g = self.seg.geometry();
+        Handle {
+            version: HANDLE_VERSION,
+            n_readers: self.n_readers,
+            local_reader_ranks: (0..self.n_readers).collect(),
+            shm: Some(ShmHandle {
+                name: self.seg.name().to_string(),
+                n_chunks: g.n_chunks,
+                max_chunk_bytes: g.max_chunk_bytes,
+                owner_pid: self.owner.pid,
+                owner_start_time: self.owner.start_time,
+            }),
+            remote_addr: None,
+        }
+    }
+
+    /// Attaches reader `rank` to the queue that `handle` describes. Each rank
+    /// attaches once; the last one to attach unlinks the segment's name, so
+    /// the kernel frees it when the last process exits, even on a crash.
+    pub fn create_from_handle(handle: &Handle, rank: usize) -> Result<MessageQueue, QueueError> {
+        if handle.version != HANDLE_VERSION {
+            return Err(QueueError::Unsupported(format!(
+                "handle version {} (this build reads version {HANDLE_VERSION})",
+                handle.version
+            )));
+        }
+        let Some(slot) = handle.local_reader_ranks.iter().position(|&r| r == rank) else {
+            if handle.remote_addr.is_some() && rank < handle.n_readers {
+                return Err(QueueError::Unsupported(
+                    "remote readers over TCP are not implemented yet".into(),
+                ));
+            }
+            return Err(QueueError::BadRank {
+                rank,
+                local: handle.local_reader_ranks.clone(),
+            });
+        };
+        let shm = handle.shm.as_ref().ok_or_else(|| {
+            QueueError::Unsupported("handle has local ranks but no segment".into())
+        })?;
+        let owner = ProcessId {
+            pid: shm.owner_pid,
+            start_time: shm.owner_start_time,
+        };
+        let geometry = Geometry {
+            n_chunks: shm.n_chunks,
+            max_chunk_bytes: shm.max_chunk_bytes,
+        };
+        let seg = match Segment::open(&shm.name, geometry) {
+            Err(_) if !owner.is_alive() => {
+                process::unlink_with_prefix(&shm.name);
+                return Err(QueueError::WriterDead { pid: owner.pid });
+            }
+            r => r?,
+        };
+        seg.validate(handle.local_reader_ranks.len())?;
+        if !owner.is_alive() {
+            process::unlink_with_prefix(&shm.name);
+            return Err(QueueError::WriterDead { pid: owner.pid });
+        }
+        let h = seg.header();
+        let bit = 1u64 << slot;
+        let all = all_bits(handle.local_reader_ranks.len());
+        let me = std::process::id();
+        let before = h.attached.fetch_or(bit, Ordering::AcqRel);
+        if before & bit != 0 {
+            return Err(QueueError::AlreadyAttached {
+                rank,
+                pid: h.reader_pids[slot].load(Ordering::Relaxed),
+            });
+        }
+        h.reader_pids[slot].store(me, Ordering::Relaxed);
+        if before | bit == all {
+            process::unlink(&shm.name);
+        }
+        h.space_bell.ring();
+        let role = Role::Reader { rank, slot };
+        Ok(MessageQueue {
+            seg,
+            role,
+            n_readers: handle.local_reader_ranks.len(),
+            owner,
+            spin_window: QueueConfig::default().spin_window,
+            next: Cell::new(0),
+        })
+    }
+
+    /// Sets how long a wait spins (yielding) before it sleeps on the futex.
+    pub fn set_spin_window(&mut self, window: Duration) {
+        self.spin_window = window;
+    }
+
+    /// The reader's rank, or `None` for the writer.
+    pub fn rank(&self) -> Option<usize> {
+        match self.role {
+            Role::Writer => None,
+            Role::Reader { rank, .. } => Some(rank),
+        }
+    }
+
+    /// Writer: waits until every reader has attached (then the segment's name
+    /// is gone from `/dev/shm`). Readers return at once.
+    pub fn wait_until_ready(&self, timeout: Duration) -> Result<(), QueueError> {
+        if self.role != Role::Writer {
+            return Ok(());
+        }
+        let h = self.seg.header();
+        let all = all_bits(self.n_readers);
+        let attached = || h.attached.load(Ordering::Acquire) == all;
+        match wait_until(
+            &h.space_bell,
+            self.spin_window,
+            Some(timeout),
+            attached,
+            || !self.is_shut_down(),
+        ) {
+            Ok(()) => {
+                process::unlink(self.seg.name());
+                Ok(())
+            }
+            Err(_) if self.is_shut_down() => Err(QueueError::Shutdown),
+            Err(_) => {
+                let mask = h.attached.load(Ordering::Acquire);
+                let missing = (0..self.n_readers)
+                    .filter(|r| mask & (1 << r) == 0)
+                    .collect();
+                Err(QueueError::NotReady {
+                    missing,
+                    waited: timeout,
+                })
+            }
+        }
+    }
+
+    /// Sends a message of `len` bytes that `fill` writes in place (into the
+    /// ring, or into an overflow segment if `len` exceeds a chunk): the
+    /// payload is written exactly once. `timeout = None` waits for space
+    /// for as long as the readers live.
+    pub fn enqueue_with(
+        &self,
+        len: usize,
+        timeout: Option<Duration>,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<(), QueueError> {
+        let chunk = self.acquire_write(timeout)?;
+        if len <= self.seg.geometry().max_chunk_bytes {
+            // SAFETY: `acquire_write` saw every read flag of the chunk set
+            // (Acquire), so no reader uses it until `commit` publishes it, and
+            // this is the only writer (the writer end is unique and !Sync).
+            fill(unsafe { std::slice::from_raw_parts_mut(self.seg.chunk_ptr(chunk), len) });
+            self.commit(chunk, len, KIND_INLINE);
+        } else {
+            let blob = Blob::create(
+                &process::overflow_name(self.seg.name(), self.next.get()),
+                len,
+            )?;
+            // SAFETY: the blob was just created by us and is unknown to readers
+            // until `commit` publishes its message.
+            fill(unsafe { std::slice::from_raw_parts_mut(blob.payload_ptr(), len) });
+            self.commit(chunk, len, KIND_OVERFLOW);
+        }
+        Ok(())
+    }
+
+    /// Sends raw bytes.
+    pub fn enqueue_bytes(&self, msg: &[u8], timeout: Option<Duration>) -> Result<(), QueueError> {
+        self.enqueue_with(msg.len(), timeout, |buf| buf.copy_from_slice(msg))
+    }
+
+    /// Sends a serde value, encoded straight into the ring (one pass) or,
+    /// when it does not fit a chunk, sized and encoded into an overflow segment.
+    pub fn enqueue<T: Serialize + ?Sized>(
+        &self,
+        msg: &T,
+        timeout: Option<Duration>,
+    ) -> Result<(), QueueError> {
+        let chunk = self.acquire_write(timeout)?;
+        let cap = self.seg.geometry().max_chunk_bytes;
+        // SAFETY: as in `enqueue_with`; the whole chunk is ours until `commit`.
+        let buf = unsafe { std::slice::from_raw_parts_mut(self.seg.chunk_ptr(chunk), cap) };
+        if let Some(len) = codec::encode_into(msg, buf)? {
+            self.commit(chunk, len, KIND_INLINE);
+            return Ok(());
+        }
+        let len = codec::encoded_len(msg)?;
+        let name = process::overflow_name(self.seg.name(), self.next.get());
+        let blob = Blob::create(&name, len)?;
+        // SAFETY: as in `enqueue_with`.
+        let buf = unsafe { std::slice::from_raw_parts_mut(blob.payload_ptr(), len) };
+        if codec::encode_into(msg, buf)? != Some(len) {
+            process::unlink(&name);
+            return Err(QueueError::Encode(
+                "the value serialised to a different length on the second pass".into(),
+            ));
+        }
+        self.commit(chunk, len, KIND_OVERFLOW);
+        Ok(())
+    }
+
+    /// Receives the next message and passes its bytes to `f` without copying
+    /// them; the chunk is released when `f` returns.
+    pub fn dequeue_with<R>(
+        &self,
+        timeout: Option<Duration>,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, QueueError> {
+        let Role::Reader { slot, rank } = self.role else {
+            return Err(QueueError::WrongRole(
+                "dequeue called on the writer end of a message queue",
+            ));
+        };
+        let seq = self.next.get();
+        let chunk = self.chunk_of(seq);
+        let meta = self.seg.meta(chunk);
+        let h = self.seg.header();
+        let ready = || meta.written.load(Ordering::Acquire) > seq;
+        let live = || !self.is_shut_down() && self.owner.is_alive();
+        let started = Instant::now();
+        if wait_until(&h.data_bell, self.spin_window, timeout, ready, live).is_err() && !ready() {
+            if self.is_shut_down() {
+                return Err(QueueError::Shutdown);
+            }
+            if !self.owner.is_alive() {
+                process::unlink_with_prefix(self.seg.name());
+                return Err(QueueError::WriterDead {
+                    pid: self.owner.pid,
+                });
+            }
+            return Err(QueueError::Timeout {
+                rank,
+                seq,
+                waited: started.elapsed(),
+                writer_pid: self.owner.pid,
+            });
+        }
+        let written = meta.written.load(Ordering::Acquire);
+        let len = meta.len.load(Ordering::Relaxed) as usize;
+        let corrupt = |detail: String| QueueError::Corrupt {
+            name: self.seg.name().to_string(),
+            detail,
+        };
+        if written != seq + 1 {
+            return Err(corrupt(format!(
+                "reader {rank} expected message {seq} in chunk {chunk}, found {}",
+                written - 1
+            )));
+        }
+        let out = match meta.kind.load(Ordering::Relaxed) {
+            KIND_INLINE if len <= self.seg.geometry().max_chunk_bytes => {
+                // SAFETY: `written == seq + 1` was read with Acquire, so the
+                // payload is complete; the writer does not touch the chunk
+                // until our read flag is set below.
+                f(unsafe { std::slice::from_raw_parts(self.seg.chunk_ptr(chunk), len) })
+            }
+            KIND_OVERFLOW => {
+                let name = process::overflow_name(self.seg.name(), seq);
+                let blob = Blob::open(&name, len).map_err(|e| {
+                    if self.is_shut_down() {
+                        QueueError::Shutdown
+                    } else {
+                        e
+                    }
+                })?;
+                if blob.opened().fetch_add(1, Ordering::AcqRel) + 1 == self.n_readers as u32 {
+                    process::unlink(&name);
+                }
+                // SAFETY: the writer finished the blob before publishing it and
+                // never writes it again.
+                f(unsafe { std::slice::from_raw_parts(blob.payload_ptr(), len) })
+            }
+            kind => {
+                return Err(corrupt(format!(
+                    "chunk {chunk} has kind {kind} and length {len}"
+                )))
+            }
+        };
+        meta.read.0[slot].store(1, Ordering::Release);
+        self.next.set(seq + 1);
+        h.space_bell.ring();
+        Ok(out)
+    }
+
+    /// Receives the next message as bytes.
+    pub fn dequeue_bytes(&self, timeout: Option<Duration>) -> Result<Vec<u8>, QueueError> {
+        self.dequeue_with(timeout, <[u8]>::to_vec)
+    }
+
+    /// Receives and decodes the next message. A frame that does not decode
+    /// is consumed and reported as [`QueueError::Decode`].
+    pub fn dequeue<T: DeserializeOwned>(&self, timeout: Option<Duration>) -> Result<T, QueueError> {
+        self.dequeue_with(timeout, codec::decode)?
+    }
+
+    /// Shuts the queue down for every party and wakes all of them. Readers
+    /// still receive the messages already in the ring, then
+    /// [`QueueError::Shutdown`]; the writer's enqueues fail.
+    pub fn shutdown(&self) {
+        let h = self.seg.header();
+        h.shutdown.store(1, Ordering::SeqCst);
+        h.data_bell.ring();
+        h.space_bell.ring();
+    }
+
+    fn is_shut_down(&self) -> bool {
+        self.seg.header().shutdown.load(Ordering::SeqCst) != 0
+    }
+
+    fn chunk_of(&self, seq: u64) -> usize {
+        (seq % self.seg.geometry().n_chunks as u64) as usize
+    }
+
+    /// Waits until the chunk for the next message is free, and frees the
+    /// overflow segment of the message it held.
+    fn acquire_write(&self, timeout: Option<Duration>) -> Result<usize, QueueError> {
+        if self.role != Role::Writer {
+            return Err(QueueError::WrongRole(
+                "enqueue called on a reader end of a message queue",
+            ));
+        }
+        if self.is_shut_down() {
+            return Err(QueueError::Shutdown);
+        }
+        let seq = self.next.get();
+        let chunk = self.chunk_of(seq);
+        let meta = self.seg.meta(chunk);
+        let flags = &meta.read.0[..self.n_readers];
+        let free = || flags.iter().all(|f| f.load(Ordering::Acquire) == 1);
+        let lagging = || -> Vec<ReaderLag> {
+            let h = self.seg.header();
+            let attached = h.attached.load(Ordering::Acquire);
+            (0..self.n_readers)
+                .filter(|&r| flags[r].load(Ordering::Acquire) == 0)
+                .map(|r| {
+                    let pid = (attached & (1 << r) != 0)
+                        .then(|| h.reader_pids[r].load(Ordering::Relaxed));
+                    let alive = pid.is_none_or(|pid| ProcessId { pid, start_time: 0 }.is_alive());
+                    ReaderLag {
+                        rank: r,
+                        pid,
+                        alive,
+                    }
+                })
+                .collect()
+        };
+        let live = || !self.is_shut_down() && lagging().iter().all(|l| l.alive);
+        let started = Instant::now();
+        match wait_until(
+            &self.seg.header().space_bell,
+            self.spin_window,
+            timeout,
+            free,
+            live,
+        ) {
+            Ok(()) => {}
+            Err(_) if free() => {}
+            Err(end) => {
+                if self.is_shut_down() {
+                    return Err(QueueError::Shutdown);
+                }
+                debug_assert!(matches!(end, WaitEnd::TimedOut | WaitEnd::Stopped));
+                let chunks = self.seg.geometry().n_chunks;
+                return Err(QueueError::Full {
+                    seq,
+                    waited: started.elapsed(),
+                    chunks,
+                    oldest: seq - chunks as u64,
+                    behind: lagging(),
+                });
+            }
+        }
+        let previous = meta.written.load(Ordering::Relaxed);
+        if previous != 0 && meta.kind.load(Ordering::Relaxed) == KIND_OVERFLOW {
+            process::unlink(&process::overflow_name(self.seg.name(), previous - 1));
+        }
+        Ok(chunk)
+    }
+
+    /// Publishes the next message, written into `chunk`.
+    fn commit(&self, chunk: usize, len: usize, kind: u32) {
+        let seq = self.next.get();
+        let meta = self.seg.meta(chunk);
+        meta.len.store(len as u64, Ordering::Relaxed);
+        meta.kind.store(kind, Ordering::Relaxed);
+        meta.read.0[..self.n_readers]
+            .iter()
+            .for_each(|f| f.store(0, Ordering::Relaxed));
+        meta.written.store(seq + 1, Ordering::Release);
+        self.next.set(seq + 1);
+        self.seg.header().data_bell.ring();
+    }
+}
+
+impl Drop for MessageQueue {
+    /// The writer shuts the queue down and unlinks its names (the main
+    /// segment, if a reader never attached, and unread overflow segments).
+    /// A reader that finds the writer dead unlinks whatever it left.
+    fn drop(&mut self) {
+        if self.role == Role::Writer {
+            self.shutdown();
+            process::unlink_with_prefix(self.seg.name());
+        } else if !self.owner.is_alive() {
+            process::unlink_with_prefix(self.seg.name());
+        }
+    }
+}
+
+fn all_bits(n: usize) -> u64 {
+    if n >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << n) - 1
+    }
+}
