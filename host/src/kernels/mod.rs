@@ -1,1 +1,127 @@
-//! (in progress)
+//! CPU compute kernels and the thread pool they run on: the performance
+//! core of the CPU model runner.
+//!
+//! - [`matmul`] multiplies a [`WeightMatrix`] (repacked at load time) by a
+//!   batch of activation rows. Few tokens (decode) use fused integer
+//!   dequantize-dot kernels on the quantized weights; many tokens (prefill)
+//!   dequantize 16-row panels to f32 once and run a register-blocked FMA
+//!   microkernel over the whole batch.
+//! - [`rms_norm`], [`silu_mul`], [`softmax_inplace`], [`dot`], [`axpy`] and
+//!   [`RopeTable`] are the per-row pieces of a llama block.
+//! - [`ThreadPool`] runs a parallel section on all cores with ~1 µs
+//!   overhead while busy and 0% CPU while idle.
+//!
+//! x86-64 CPUs with AVX2 + FMA + F16C get SIMD versions, chosen at run time;
+//! every other CPU runs the portable scalar versions, which are also the
+//! references the SIMD versions are tested against.
+
+mod aligned;
+mod cpu;
+mod gemm;
+mod gemv;
+#[cfg(target_arch = "x86_64")]
+mod gemv_avx2;
+mod matmul;
+mod pool;
+mod quant;
+mod rope;
+#[cfg(test)]
+mod testutil;
+mod vector;
+mod weights;
+
+pub use matmul::{matmul, matmul_with, MatmulPath, GEMM_MIN_TOKENS};
+pub use pool::{ThreadPool, SPIN_WINDOW};
+pub use rope::RopeTable;
+pub use vector::{axpy, dot, rms_norm, silu_mul, softmax_inplace};
+pub use weights::WeightMatrix;
+
+pub use crate::model::DType;
+
+/// Why a tensor cannot be used as a weight matrix.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    /// The tensor is not two-dimensional (or has an empty dimension).
+    #[error("tensor {name:?} has shape {shape:?}, but a weight matrix must be 2-D [rows, cols] with no empty dimension; check that the right tensor was passed")]
+    NotAMatrix {
+        /// Tensor name.
+        name: String,
+        /// Its shape.
+        shape: Vec<usize>,
+    },
+    /// A quantized row does not hold a whole number of blocks.
+    #[error("tensor {name:?} has {cols} columns, which is not a multiple of the {dtype:?} block size (32); the file is malformed or was converted with another block size")]
+    RaggedBlocks {
+        /// Tensor name.
+        name: String,
+        /// Its columns.
+        cols: usize,
+        /// Its type.
+        dtype: DType,
+    },
+    /// The data does not have the size the shape and type imply.
+    #[error("tensor {name:?} ({dtype:?}, shape {shape:?}) needs {expected:?} bytes but has {actual}; the file is truncated or its header is wrong")]
+    WrongByteLength {
+        /// Tensor name.
+        name: String,
+        /// Its type.
+        dtype: DType,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// Bytes the shape requires (`None` on overflow).
+        expected: Option<usize>,
+        /// Bytes present.
+        actual: usize,
+    },
+}
+
+/// A raw output pointer shared by the threads of one parallel section, each
+/// of which writes a disjoint set of elements.
+#[derive(Clone, Copy)]
+pub(crate) struct OutPtr {
+    /// Start of the output.
+    ptr: *mut f32,
+    /// Its length, for debug checks.
+    len: usize,
+}
+
+// SAFETY: `OutPtr` is only used inside `ThreadPool::run`, where every thread
+// writes a disjoint range and `run` outlives all of them.
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// Wraps `out` for the duration of a parallel section.
+    pub(crate) fn new(out: &mut [f32]) -> OutPtr {
+        OutPtr {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+        }
+    }
+
+    /// The start pointer.
+    pub(crate) fn ptr(self) -> *mut f32 {
+        self.ptr
+    }
+
+    /// Writes element `i`.
+    ///
+    /// # Safety
+    /// `i < len`, and no other thread accesses element `i` meanwhile.
+    #[inline(always)]
+    pub(crate) unsafe fn write(self, i: usize, v: f32) {
+        debug_assert!(i < self.len);
+        *self.ptr.add(i) = v;
+    }
+
+    /// Reads element `i`.
+    ///
+    /// # Safety
+    /// As for [`OutPtr::write`].
+    #[inline(always)]
+    pub(crate) unsafe fn read(self, i: usize) -> f32 {
+        debug_assert!(i < self.len);
+        *self.ptr.add(i)
+    }
+}

@@ -1,0 +1,228 @@
+//! Kernel benchmarks: every matmul shape of SmolLM2-135M (Q4_1 layers, the
+//! Q8_0 tied LM head) at decode (1 token) and prefill (512 tokens), the
+//! integer-vs-GEMM crossover, the per-row kernels, the thread pool's
+//! fork-join overhead, and whole-model matmul estimates:
+//!
+//! - `model/decode_matmuls`: one token through 30 layers x (q, k, v, o,
+//!   gate, up, down) + the LM head, each layer with its *own* weights
+//!   (~96 MB, like the real model, so caches do not flatter decode);
+//! - `model/pp512_matmuls`: 512 tokens through the same 210 layer matmuls
+//!   plus the LM head for the last token (what llama-bench's pp512 computes).
+//!
+//! Run: `cargo bench -p host --bench kernels` (add a filter such as
+//! `-- model/` to run one group). Threads: `KERNEL_BENCH_THREADS`, default
+//! all cores.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use half::f16;
+use host::kernels::{
+    matmul, matmul_with, rms_norm, silu_mul, softmax_inplace, MatmulPath, ThreadPool, WeightMatrix,
+};
+use host::model::{DType, Storage, Tensor};
+
+/// Hidden size, FFN size, KV width, vocabulary and layers of SmolLM2-135M.
+const HIDDEN: usize = 576;
+const FFN: usize = 1536;
+const KV: usize = 192;
+const VOCAB: usize = 49152;
+const LAYERS: usize = 30;
+
+/// The per-layer matmul shapes `(name, rows, cols)` in forward order.
+const LAYER_SHAPES: [(&str, usize, usize); 7] = [
+    ("q", HIDDEN, HIDDEN),
+    ("k", KV, HIDDEN),
+    ("v", KV, HIDDEN),
+    ("o", HIDDEN, HIDDEN),
+    ("gate", FFN, HIDDEN),
+    ("up", FFN, HIDDEN),
+    ("down", HIDDEN, FFN),
+];
+
+/// Deterministic pseudo-random bytes (xorshift64).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    fn floats(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.unit() * 2.0 - 1.0).collect()
+    }
+}
+
+/// A `rows x cols` matrix of `dtype` in GGUF block layout with random quants
+/// and realistic (small, positive) scales.
+fn weight(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> WeightMatrix {
+    let blocks = rows * cols / 32;
+    let mut bytes = Vec::with_capacity(dtype.bytes_for(rows * cols).expect("whole blocks"));
+    for _ in 0..blocks {
+        bytes.extend(f16::from_f32(0.001 + 0.01 * rng.unit()).to_le_bytes());
+        if dtype == DType::Q4_1 {
+            bytes.extend(f16::from_f32(-0.05 * rng.unit()).to_le_bytes());
+        }
+        let quants = if dtype == DType::Q8_0 { 32 } else { 16 };
+        bytes.extend((0..quants).map(|_| rng.next() as u8));
+    }
+    let t = Tensor {
+        name: "bench".into(),
+        dtype,
+        shape: vec![rows, cols],
+        storage: Storage::Owned(Arc::new(bytes)),
+    };
+    WeightMatrix::from_tensor(&t).expect("valid bench tensor")
+}
+
+fn threads() -> usize {
+    std::env::var("KERNEL_BENCH_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// Every shape at 1 and 512 tokens; throughput in weight bytes (decode) or
+/// tokens (prefill).
+fn shapes(c: &mut Criterion) {
+    let pool = ThreadPool::new(threads());
+    let mut rng = Rng(0x5EED);
+    let mut group = c.benchmark_group("matmul");
+    let mut all: Vec<(&str, DType, usize, usize)> = LAYER_SHAPES
+        .iter()
+        .map(|&(n, r, k)| (n, DType::Q4_1, r, k))
+        .collect();
+    all.push(("lm_head", DType::Q8_0, VOCAB, HIDDEN));
+    for (name, dtype, rows, cols) in all {
+        let w = weight(&mut rng, dtype, rows, cols);
+        for n in [1usize, 512] {
+            if name == "lm_head" && n == 512 {
+                continue;
+            }
+            let x = rng.floats(n * cols);
+            let mut out = vec![0f32; n * rows];
+            if n == 1 {
+                group.throughput(Throughput::Bytes(
+                    dtype.bytes_for(rows * cols).unwrap_or(0) as u64
+                ));
+            } else {
+                group.throughput(Throughput::Elements(n as u64));
+            }
+            group.bench_function(
+                BenchmarkId::new(format!("{name}_{rows}x{cols}_{dtype:?}"), n),
+                |b| b.iter(|| matmul(&pool, &w, &x, n, &mut out)),
+            );
+        }
+    }
+    group.finish();
+}
+
+/// Both kernel families over a range of batch sizes, to place
+/// `GEMM_MIN_TOKENS`.
+fn crossover(c: &mut Criterion) {
+    let pool = ThreadPool::new(threads());
+    let mut rng = Rng(0xC055);
+    let w = weight(&mut rng, DType::Q4_1, FFN, HIDDEN);
+    let mut group = c.benchmark_group("crossover_1536x576_Q4_1");
+    for n in [2usize, 4, 8, 12, 16, 24, 32, 64] {
+        let x = rng.floats(n * HIDDEN);
+        let mut out = vec![0f32; n * FFN];
+        group.throughput(Throughput::Elements(n as u64));
+        for (label, path) in [("integer", MatmulPath::Integer), ("gemm", MatmulPath::Gemm)] {
+            group.bench_function(BenchmarkId::new(label, n), |b| {
+                b.iter(|| matmul_with(&pool, &w, &x, n, &mut out, path))
+            });
+        }
+    }
+    group.finish();
+}
+
+/// All matmuls of the model, with 30 distinct layers of weights.
+fn model(c: &mut Criterion) {
+    let pool = ThreadPool::new(threads());
+    let mut rng = Rng(0x0DE1);
+    let layers: Vec<Vec<WeightMatrix>> = (0..LAYERS)
+        .map(|_| {
+            LAYER_SHAPES
+                .iter()
+                .map(|&(_, r, k)| weight(&mut rng, DType::Q4_1, r, k))
+                .collect()
+        })
+        .collect();
+    let lm_head = weight(&mut rng, DType::Q8_0, VOCAB, HIDDEN);
+    let mut group = c.benchmark_group("model");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(20));
+    for n in [1usize, 512] {
+        let x_hidden = rng.floats(n * HIDDEN);
+        let x_ffn = rng.floats(n * FFN);
+        let mut out = vec![0f32; n * FFN.max(HIDDEN)];
+        let mut logits = vec![0f32; VOCAB];
+        group.throughput(Throughput::Elements(n as u64));
+        let name = if n == 1 {
+            "decode_matmuls"
+        } else {
+            "pp512_matmuls"
+        };
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                for layer in &layers {
+                    for w in layer {
+                        let x = if w.cols() == FFN { &x_ffn } else { &x_hidden };
+                        matmul(&pool, w, x, n, &mut out[..n * w.rows()]);
+                    }
+                }
+                matmul(&pool, &lm_head, &x_hidden[..HIDDEN], 1, &mut logits);
+            })
+        });
+    }
+    group.finish();
+}
+
+/// The per-row kernels at the model's sizes, and the pool's fork-join cost.
+fn small(c: &mut Criterion) {
+    let mut rng = Rng(0x5A11);
+    let mut group = c.benchmark_group("row_kernels");
+    let (x, w) = (rng.floats(HIDDEN), rng.floats(HIDDEN));
+    let mut out = vec![0f32; HIDDEN];
+    group.bench_function("rms_norm_576", |b| {
+        b.iter(|| rms_norm(&x, &w, 1e-5, &mut out))
+    });
+    let (gate, up) = (rng.floats(FFN), rng.floats(FFN));
+    let mut g = gate.clone();
+    group.bench_function("silu_mul_1536", |b| {
+        b.iter(|| {
+            g.copy_from_slice(&gate);
+            silu_mul(&mut g, &up)
+        })
+    });
+    let scores = rng.floats(512);
+    let mut s = scores.clone();
+    group.bench_function("softmax_512", |b| {
+        b.iter(|| {
+            s.copy_from_slice(&scores);
+            softmax_inplace(&mut s)
+        })
+    });
+    group.finish();
+    let pool = ThreadPool::new(threads());
+    c.bench_function("pool/run_empty", |b| {
+        b.iter(|| {
+            pool.run(|i, n| {
+                std::hint::black_box((i, n));
+            })
+        })
+    });
+}
+
+criterion_group!(benches, small, shapes, crossover, model);
+criterion_main!(benches);

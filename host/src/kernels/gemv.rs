@@ -1,0 +1,94 @@
+//! Matrix x few-vectors products straight from quantized weights.
+//!
+//! Decode multiplies each weight matrix by one activation row (or a few,
+//! one per running sequence), so it is bound by streaming the weights from
+//! memory. These kernels never expand weights to f32: each block's quants
+//! are multiplied as integers with the 8-bit quantized activations
+//! ([`Q8Acts`]) and the block's scales are applied to the integer sum.
+
+use std::ops::Range;
+
+use super::quant::Q8Acts;
+use super::weights::{f16_to_f32, Packed, WeightMatrix, QK};
+use super::OutPtr;
+
+/// Computes `out[t * rows + r]` for `r` in `rows` and every token of `acts`.
+///
+/// Only for quantized weights (`Packed::Q8` / `Packed::Q4`).
+pub(crate) fn gemv_rows(
+    w: &WeightMatrix,
+    acts: &Q8Acts,
+    n_tokens: usize,
+    rows: Range<usize>,
+    out: OutPtr,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if super::cpu::has_avx2() {
+        // SAFETY: the CPU has AVX2, FMA and F16C.
+        unsafe { super::gemv_avx2::gemv_rows(w, acts, n_tokens, rows, out) };
+        return;
+    }
+    gemv_rows_scalar(w, acts, n_tokens, rows, out);
+}
+
+/// Portable [`gemv_rows`], also the reference the SIMD version is tested against.
+pub(crate) fn gemv_rows_scalar(
+    w: &WeightMatrix,
+    acts: &Q8Acts,
+    n_tokens: usize,
+    rows: Range<usize>,
+    out: OutPtr,
+) {
+    let (cols, blocks) = (w.cols(), w.cols() / QK);
+    for r in rows {
+        let scales = r * blocks..(r + 1) * blocks;
+        for t in 0..n_tokens {
+            let (xq, (dx, sx)) = (acts.row_qs(t), acts.row_scales(t));
+            let v = match &w.data {
+                Packed::Q8 { qs, d } => dot_q8(
+                    &qs.as_slice()[r * cols..(r + 1) * cols],
+                    &d[scales.clone()],
+                    xq,
+                    dx,
+                ),
+                Packed::Q4 { qs, d, m } => {
+                    let q = &qs.as_slice()[r * cols / 2..(r + 1) * cols / 2];
+                    dot_q4(q, &d[scales.clone()], &m[scales.clone()], xq, dx, sx)
+                }
+                Packed::F32(_) | Packed::F16(_) | Packed::BF16(_) => {
+                    unreachable!("gemv is only for quantized weights")
+                }
+            };
+            // SAFETY: `r < rows` and `t < n_tokens`; the caller gives each thread disjoint rows.
+            unsafe { out.write(t * w.rows() + r, v) };
+        }
+    }
+}
+
+/// One Q8_0 row times one quantized activation row.
+fn dot_q8(qs: &[u8], d: &[u16], xq: &[i8], dx: &[f32]) -> f32 {
+    let mut acc = 0f32;
+    for (b, (wq, xq)) in qs.chunks_exact(QK).zip(xq.chunks_exact(QK)).enumerate() {
+        let isum: i32 = wq
+            .iter()
+            .zip(xq)
+            .map(|(&w, &x)| i32::from(w as i8) * i32::from(x))
+            .sum();
+        acc += f16_to_f32(d[b]) * dx[b] * isum as f32;
+    }
+    acc
+}
+
+/// One 4-bit row times one quantized activation row.
+fn dot_q4(qs: &[u8], d: &[u16], m: &[u16], xq: &[i8], dx: &[f32], sx: &[f32]) -> f32 {
+    let mut acc = 0f32;
+    for (b, (wq, xq)) in qs.chunks_exact(QK / 2).zip(xq.chunks_exact(QK)).enumerate() {
+        let mut isum = 0i32;
+        for (j, &byte) in wq.iter().enumerate() {
+            isum += i32::from(byte & 0x0F) * i32::from(xq[j])
+                + i32::from(byte >> 4) * i32::from(xq[j + QK / 2]);
+        }
+        acc += f16_to_f32(d[b]) * dx[b] * isum as f32 + f16_to_f32(m[b]) * sx[b];
+    }
+    acc
+}

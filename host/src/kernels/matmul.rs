@@ -1,0 +1,262 @@
+//! [`matmul`]: choosing the kernel and splitting the rows between threads.
+
+use std::cell::RefCell;
+use std::ops::Range;
+
+use super::cpu::has_avx2;
+use super::gemm::{gemm_panels, NR};
+use super::gemv::gemv_rows;
+use super::quant::Q8Acts;
+use super::weights::Packed;
+use super::{OutPtr, ThreadPool, WeightMatrix};
+
+/// Batches of at least this many tokens use the dequantize-to-f32 GEMM;
+/// smaller ones the fused integer kernels. Measured with
+/// `cargo bench -p host --bench kernels -- crossover` on the 2-core AVX2
+/// VM (1536x576 Q4_1): integer 1.47 ms vs GEMM 1.60 ms at 24 tokens,
+/// 2.02 ms vs 1.76 ms at 32.
+pub const GEMM_MIN_TOKENS: usize = 32;
+
+thread_local! {
+    /// The caller's quantized activations, reused across calls.
+    static ACTS: RefCell<Q8Acts> = RefCell::new(Q8Acts::default());
+}
+
+/// Which kernel family computes a [`matmul_with`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatmulPath {
+    /// Integer kernels below [`GEMM_MIN_TOKENS`] tokens, else the GEMM.
+    Auto,
+    /// Fused integer dequantize-dot kernels (quantized weights only; float
+    /// weights use the GEMM).
+    Integer,
+    /// Dequantize 16-row panels to f32 and run the FMA microkernel.
+    Gemm,
+}
+
+/// `out[t * rows + r] = sum_c W[r, c] * x[t * cols + c]` for every token
+/// `t < n_tokens` (`x` is row-major `[n_tokens, cols]`, `out` is
+/// `[n_tokens, rows]`), on all threads of `pool`.
+///
+/// Panics if `x` or `out` has the wrong length (a caller bug).
+pub fn matmul(pool: &ThreadPool, w: &WeightMatrix, x: &[f32], n_tokens: usize, out: &mut [f32]) {
+    matmul_with(pool, w, x, n_tokens, out, MatmulPath::Auto);
+}
+
+/// [`matmul`] with the kernel family forced, for benchmarks and tests.
+pub fn matmul_with(
+    pool: &ThreadPool,
+    w: &WeightMatrix,
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+    path: MatmulPath,
+) {
+    let (rows, cols) = (w.rows(), w.cols());
+    assert_eq!(
+        x.len(),
+        n_tokens * cols,
+        "matmul: x must hold n_tokens * cols values"
+    );
+    assert_eq!(
+        out.len(),
+        n_tokens * rows,
+        "matmul: out must hold n_tokens * rows values"
+    );
+    if n_tokens == 0 {
+        return;
+    }
+    let out = OutPtr::new(out);
+    let quantized = matches!(w.data, Packed::Q4 { .. } | Packed::Q8 { .. });
+    let integer = quantized
+        && match path {
+            MatmulPath::Auto => n_tokens < GEMM_MIN_TOKENS,
+            MatmulPath::Integer => true,
+            MatmulPath::Gemm => false,
+        };
+    if integer {
+        ACTS.with(|acts| {
+            let mut acts = acts.borrow_mut();
+            acts.quantize(x, n_tokens, cols);
+            let acts = &*acts;
+            pool.run(|i, n| gemv_rows(w, acts, n_tokens, split(rows, 4, i, n), out));
+        });
+    } else {
+        let (panels, simd) = (rows.div_ceil(NR), has_avx2());
+        pool.run(|i, n| gemm_panels(w, x, n_tokens, split(panels, 1, i, n), out, simd));
+    }
+}
+
+/// Part `i` of `n` of `0..total`, in whole units of `unit` (the last unit
+/// may be short), as equal as possible.
+fn split(total: usize, unit: usize, i: usize, n: usize) -> Range<usize> {
+    let units = total.div_ceil(unit);
+    let at = |k: usize| (units * k / n * unit).min(total);
+    at(i)..at(i + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::gemv::gemv_rows_scalar;
+    use crate::kernels::testutil::{random_gguf_bytes, Rng};
+    use crate::kernels::weights::tests::tensor;
+    use crate::model::DType;
+
+    /// `W x` in f64 from the dequantized weights.
+    fn reference(w: &WeightMatrix, x: &[f32], n: usize) -> Vec<f32> {
+        let mut row = vec![0f32; w.cols()];
+        let mut out = vec![0f32; n * w.rows()];
+        for r in 0..w.rows() {
+            w.dequantize_row(r, &mut row);
+            for t in 0..n {
+                let xt = &x[t * w.cols()..(t + 1) * w.cols()];
+                out[t * w.rows() + r] = row
+                    .iter()
+                    .zip(xt)
+                    .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                    .sum::<f64>() as f32;
+            }
+        }
+        out
+    }
+
+    /// `x` rounded through the integer path's 8-bit activation blocks.
+    fn quantize_dequantize(x: &[f32], cols: usize) -> Vec<f32> {
+        let n = x.len() / cols;
+        let mut acts = Q8Acts::default();
+        acts.quantize(x, n, cols);
+        (0..n)
+            .flat_map(|t| {
+                let (q, (d, _)) = (acts.row_qs(t), acts.row_scales(t));
+                q.iter()
+                    .enumerate()
+                    .map(move |(i, &v)| f32::from(v) * d[i / 32])
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// Largest error relative to the output's RMS.
+    fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+        let rms = (want.iter().map(|v| v * v).sum::<f32>() / want.len() as f32)
+            .sqrt()
+            .max(1e-12);
+        got.iter()
+            .zip(want)
+            .map(|(g, w)| (g - w).abs())
+            .fold(0.0, f32::max)
+            / rms
+    }
+
+    fn random_matrix(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> WeightMatrix {
+        WeightMatrix::from_tensor(&tensor(
+            dtype,
+            rows,
+            cols,
+            random_gguf_bytes(rng, dtype, rows, cols),
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn split_covers_everything_evenly() {
+        for (total, unit, n) in [(576, 4, 2), (49152, 4, 3), (7, 4, 2), (3, 1, 4), (36, 1, 2)] {
+            let parts: Vec<_> = (0..n).map(|i| split(total, unit, i, n)).collect();
+            assert_eq!(parts[0].start, 0);
+            assert_eq!(parts[n - 1].end, total);
+            for w in parts.windows(2) {
+                assert_eq!(w[0].end, w[1].start);
+                assert!(w[0].start % unit == 0);
+            }
+            let sizes: Vec<_> = parts.iter().map(|p| p.len().div_ceil(unit)).collect();
+            assert!(
+                sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1,
+                "{sizes:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_dtype_and_batch_size_matches_the_reference() {
+        let mut rng = Rng::new(5);
+        let pools = [ThreadPool::new(1), ThreadPool::new(3)];
+        for dtype in [
+            DType::Q4_1,
+            DType::Q4_0,
+            DType::Q8_0,
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+        ] {
+            // Odd shapes: partial panels, a scale tail (5 blocks), a single
+            // row, two column chunks (2080 > KC_MAX).
+            for (rows, cols) in [(37, 160), (1, 32), (48, 576), (3, 2080)] {
+                let w = random_matrix(&mut rng, dtype, rows, cols);
+                for n in [1, 2, 3, 5, 15, 16, 23] {
+                    let x = rng.normals(n * cols);
+                    let want = reference(&w, &x, n);
+                    let want_q8 = reference(&w, &quantize_dequantize(&x, cols), n);
+                    for pool in &pools {
+                        for path in [MatmulPath::Auto, MatmulPath::Integer, MatmulPath::Gemm] {
+                            let mut got = vec![f32::NAN; n * rows];
+                            matmul_with(pool, &w, &x, n, &mut got, path);
+                            let integer = match path {
+                                MatmulPath::Auto => n < GEMM_MIN_TOKENS,
+                                MatmulPath::Integer => true,
+                                MatmulPath::Gemm => false,
+                            } && dtype.block_len() == 32;
+                            // The integer path sees 8-bit activations: compare
+                            // it with the reference on those exact values.
+                            let want = if integer { &want_q8 } else { &want };
+                            let err = rel_err(&got, want);
+                            let tol = 1e-5;
+                            let threads = pool.num_threads();
+                            assert!(err < tol, "{dtype:?} {rows}x{cols} n={n} threads={threads} {path:?}: error {err}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn simd_integer_kernels_match_scalar() {
+        let mut rng = Rng::new(6);
+        for dtype in [DType::Q4_1, DType::Q4_0, DType::Q8_0] {
+            for (rows, cols) in [(9, 32), (20, 288), (12, 576), (5, 1536)] {
+                let w = random_matrix(&mut rng, dtype, rows, cols);
+                for n in [1, 2, 4, 7] {
+                    let mut acts = Q8Acts::default();
+                    acts.quantize(&rng.normals(n * cols), n, cols);
+                    let (mut a, mut b) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+                    gemv_rows_scalar(&w, &acts, n, 0..rows, OutPtr::new(&mut a));
+                    gemv_rows(&w, &acts, n, 0..rows, OutPtr::new(&mut b));
+                    let err = rel_err(&b, &a);
+                    assert!(err < 1e-5, "{dtype:?} {rows}x{cols} n={n}: {err}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn portable_gemm_matches_simd() {
+        let mut rng = Rng::new(8);
+        for dtype in [DType::Q4_1, DType::F16] {
+            let (rows, cols, n) = (40, 96, 13);
+            let w = random_matrix(&mut rng, dtype, rows, cols);
+            let x = rng.normals(n * cols);
+            let (mut a, mut b) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+            gemm_panels(&w, &x, n, 0..rows.div_ceil(NR), OutPtr::new(&mut a), false);
+            gemm_panels(&w, &x, n, 0..rows.div_ceil(NR), OutPtr::new(&mut b), true);
+            assert!(rel_err(&a, &reference(&w, &x, n)) < 1e-5);
+            assert!(rel_err(&b, &a) < 1e-5, "{dtype:?}");
+        }
+    }
+
+    #[test]
+    fn empty_batch_is_a_no_op() {
+        let w = random_matrix(&mut Rng::new(7), DType::Q4_1, 4, 32);
+        matmul(&ThreadPool::new(2), &w, &[], 0, &mut []);
+    }
+}

@@ -1,0 +1,173 @@
+//! Activations quantized to 8-bit blocks, the right-hand side of the fused
+//! integer dot products (llama.cpp's Q8_1 idea): per block of 32 values a
+//! scale `d = max|x| / 127`, the rounded quotients `q = x / d`, and
+//! `s = d * sum(q)`, which lets a 4-bit block with a minimum `m` contribute
+//! `m * s` without touching the quants again.
+
+use super::aligned::AlignedBytes;
+use super::weights::QK;
+
+/// `n_tokens` rows of `cols` activations in 8-bit blocks.
+#[derive(Default)]
+pub(crate) struct Q8Acts {
+    /// Signed quants, `n_tokens * cols` bytes, row after row.
+    pub(crate) qs: AlignedBytes,
+    /// Per-block scales; row `t` starts at `t * stride`, zero padded.
+    pub(crate) d: Vec<f32>,
+    /// Per-block `d * sum(q)`, laid out like `d`.
+    pub(crate) s: Vec<f32>,
+    /// Values per row.
+    pub(crate) cols: usize,
+    /// Distance between rows of `d` and `s`: blocks per row rounded up to a
+    /// multiple of 8, so SIMD code can load eight scales without a tail.
+    pub(crate) stride: usize,
+}
+
+impl Q8Acts {
+    /// Quantizes `x` (`n_tokens` rows of `cols`, `cols % 32 == 0`), reusing
+    /// this buffer's memory.
+    pub(crate) fn quantize(&mut self, x: &[f32], n_tokens: usize, cols: usize) {
+        debug_assert!(cols % QK == 0 && x.len() == n_tokens * cols);
+        let blocks = cols / QK;
+        self.cols = cols;
+        self.stride = blocks.div_ceil(8) * 8;
+        self.qs.resize(n_tokens * cols);
+        self.d.clear();
+        self.d.resize(n_tokens * self.stride, 0.0);
+        self.s.clear();
+        self.s.resize(n_tokens * self.stride, 0.0);
+        let qs = self.qs.as_mut_slice();
+        for t in 0..n_tokens {
+            for b in 0..blocks {
+                let at = t * cols + b * QK;
+                let (d, s) = quantize_block(&x[at..at + QK], &mut qs[at..at + QK]);
+                self.d[t * self.stride + b] = d;
+                self.s[t * self.stride + b] = s;
+            }
+        }
+    }
+
+    /// The quants of row `t`.
+    pub(crate) fn row_qs(&self, t: usize) -> &[i8] {
+        let bytes = &self.qs.as_slice()[t * self.cols..(t + 1) * self.cols];
+        // SAFETY: i8 and u8 have the same size and alignment.
+        unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<i8>(), bytes.len()) }
+    }
+
+    /// The scales and scaled sums of row `t` (`stride` long).
+    pub(crate) fn row_scales(&self, t: usize) -> (&[f32], &[f32]) {
+        let r = t * self.stride..(t + 1) * self.stride;
+        (&self.d[r.clone()], &self.s[r])
+    }
+}
+
+/// Quantizes one block of 32; returns `(d, d * sum(q))`.
+fn quantize_block(x: &[f32], q: &mut [u8]) -> (f32, f32) {
+    #[cfg(target_arch = "x86_64")]
+    if super::cpu::has_avx2() {
+        // SAFETY: the CPU has AVX2; both slices are 32 long.
+        return unsafe { quantize_block_avx2(x, q) };
+    }
+    quantize_block_scalar(x, q)
+}
+
+/// Portable [`quantize_block`]; rounding half to even, as the SIMD version.
+pub(crate) fn quantize_block_scalar(x: &[f32], q: &mut [u8]) -> (f32, f32) {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+    let mut sum = 0i32;
+    for (q, &v) in q.iter_mut().zip(x) {
+        let qi = (v * id).round_ties_even() as i32;
+        sum += qi;
+        *q = qi as i8 as u8;
+    }
+    (d, d * sum as f32)
+}
+
+/// AVX2 [`quantize_block`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn quantize_block_avx2(x: &[f32], q: &mut [u8]) -> (f32, f32) {
+    use std::arch::x86_64::*;
+    debug_assert!(x.len() == QK && q.len() == QK);
+    let p = x.as_ptr();
+    let v = [
+        _mm256_loadu_ps(p),
+        _mm256_loadu_ps(p.add(8)),
+        _mm256_loadu_ps(p.add(16)),
+        _mm256_loadu_ps(p.add(24)),
+    ];
+    let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+    let mut amax = _mm256_and_ps(v[0], abs_mask);
+    for vi in &v[1..] {
+        amax = _mm256_max_ps(amax, _mm256_and_ps(*vi, abs_mask));
+    }
+    let m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    let m1 = _mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1));
+    let d = _mm_cvtss_f32(m1) / 127.0;
+    let id = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+    const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    let i = v.map(|vi| _mm256_cvtps_epi32(_mm256_round_ps::<NEAREST>(_mm256_mul_ps(vi, id))));
+    // packs interleave 128-bit lanes; the permute restores element order.
+    let w01 = _mm256_packs_epi32(i[0], i[1]);
+    let w23 = _mm256_packs_epi32(i[2], i[3]);
+    let b = _mm256_packs_epi16(w01, w23);
+    let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(q.as_mut_ptr().cast(), b);
+    let sum = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+    let s4 = _mm_add_epi32(
+        _mm256_castsi256_si128(sum),
+        _mm256_extracti128_si256(sum, 1),
+    );
+    let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+    let s1 = _mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1));
+    (d, d * _mm_cvtsi128_si32(s1) as f32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::testutil::Rng;
+
+    #[test]
+    fn scalar_quantization_reconstructs_within_half_a_step() {
+        let mut rng = Rng::new(1);
+        for scale in [1e-3f32, 1.0, 300.0] {
+            let x: Vec<f32> = (0..QK).map(|_| rng.normal() * scale).collect();
+            let mut q = [0u8; QK];
+            let (d, s) = quantize_block_scalar(&x, &mut q);
+            let sum: i32 = q.iter().map(|&b| i32::from(b as i8)).sum();
+            assert_eq!(s, d * sum as f32);
+            for (&v, &b) in x.iter().zip(&q) {
+                assert!(
+                    (f32::from(b as i8) * d - v).abs() <= 0.5001 * d,
+                    "{v} vs {}",
+                    b as i8
+                );
+            }
+        }
+        let mut q = [1u8; QK];
+        assert_eq!(quantize_block_scalar(&[0.0; QK], &mut q), (0.0, 0.0));
+        assert_eq!(q, [0; QK]);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_quantization_matches_scalar_exactly() {
+        if !crate::kernels::cpu::has_avx2() {
+            return;
+        }
+        let mut rng = Rng::new(2);
+        for _ in 0..500 {
+            let x: Vec<f32> = (0..QK).map(|_| rng.normal() * 10.0).collect();
+            let (mut a, mut b) = ([0u8; QK], [0u8; QK]);
+            let ra = quantize_block_scalar(&x, &mut a);
+            // SAFETY: AVX2 checked above.
+            let rb = unsafe { quantize_block_avx2(&x, &mut b) };
+            assert_eq!(a, b);
+            assert_eq!(ra, rb);
+        }
+    }
+}

@@ -1,0 +1,370 @@
+//! [`WeightMatrix`]: a weight matrix repacked at load time for the kernels.
+//!
+//! GGUF interleaves each block's f16 scale(s) with its quants (18, 20 or 34
+//! byte blocks), so block starts are unaligned. We split every quantized
+//! matrix into a 64-byte aligned array of quants and separate arrays of f16
+//! scales: the same number of bytes (decode streams every weight once per
+//! token, so bytes are time), but aligned SIMD loads and eight scales
+//! converted by one F16C instruction. Q4_0 is stored as Q4_1 with the
+//! minimum `m = -8 d`, so one 4-bit kernel serves both.
+
+use half::{bf16, f16};
+
+use super::aligned::AlignedBytes;
+use super::KernelError;
+use crate::model::{DType, Tensor};
+
+/// Elements per quantization block.
+pub(crate) const QK: usize = 32;
+
+/// A weight matrix `[rows, cols]` in the layout the kernels want.
+pub struct WeightMatrix {
+    /// Output features.
+    rows: usize,
+    /// Input features.
+    cols: usize,
+    /// The checkpoint's element type.
+    dtype: DType,
+    /// The repacked data.
+    pub(crate) data: Packed,
+}
+
+/// Zero scales appended to every scale array, so SIMD code can load eight
+/// scales starting at any block without a bounds check.
+pub(crate) const SCALE_PAD: usize = 8;
+
+/// Repacked weight data; per-row arrays are concatenated row after row, and
+/// scale arrays end with [`SCALE_PAD`] zeros.
+pub(crate) enum Packed {
+    /// Plain floats, `rows * cols`.
+    F32(Vec<f32>),
+    /// IEEE half bits, `rows * cols`.
+    F16(Vec<u16>),
+    /// bfloat16 bits, `rows * cols`.
+    BF16(Vec<u16>),
+    /// 8-bit blocks: `qs` holds `rows * cols` signed bytes, `d` one f16 scale
+    /// per block (`rows * cols / 32`).
+    Q8 { qs: AlignedBytes, d: Vec<u16> },
+    /// 4-bit blocks (Q4_1, and Q4_0 with `m = -8 d`): `qs` holds 16 bytes
+    /// per block in GGUF nibble order (value `j` in the low nibble of byte
+    /// `j`, value `j + 16` in its high nibble); value = `q * d + m`.
+    Q4 {
+        qs: AlignedBytes,
+        d: Vec<u16>,
+        m: Vec<u16>,
+    },
+}
+
+impl WeightMatrix {
+    /// Repacks a 2-D tensor (F32, F16, BF16, Q8_0, Q4_0 or Q4_1).
+    pub fn from_tensor(t: &Tensor) -> Result<WeightMatrix, KernelError> {
+        if t.shape.len() != 2 || t.shape.contains(&0) {
+            return Err(KernelError::NotAMatrix {
+                name: t.name.clone(),
+                shape: t.shape.clone(),
+            });
+        }
+        let (rows, cols) = (t.shape[0], t.shape[1]);
+        if cols % t.dtype.block_len() != 0 {
+            return Err(KernelError::RaggedBlocks {
+                name: t.name.clone(),
+                cols,
+                dtype: t.dtype,
+            });
+        }
+        let bytes = t.storage.bytes();
+        let expected = t.dtype.bytes_for(rows * cols);
+        if expected != Some(bytes.len()) {
+            return Err(KernelError::WrongByteLength {
+                name: t.name.clone(),
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                expected,
+                actual: bytes.len(),
+            });
+        }
+        let data = match t.dtype {
+            DType::F32 => Packed::F32(
+                bytes
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect(),
+            ),
+            DType::F16 => Packed::F16(u16s(bytes)),
+            DType::BF16 => Packed::BF16(u16s(bytes)),
+            DType::Q8_0 => repack_q8_0(bytes),
+            DType::Q4_0 | DType::Q4_1 => repack_q4(bytes, t.dtype),
+        };
+        Ok(WeightMatrix {
+            rows,
+            cols,
+            dtype: t.dtype,
+            data,
+        })
+    }
+
+    /// Output features (rows).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input features (columns).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The element type of the checkpoint this matrix came from.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Writes row `row` as f32 into `out` (`cols` long): the embedding lookup.
+    ///
+    /// Panics if `row >= rows` or `out.len() != cols` (caller bugs).
+    pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
+        assert!(
+            row < self.rows,
+            "row {row} out of range for a matrix of {} rows",
+            self.rows
+        );
+        assert_eq!(
+            out.len(),
+            self.cols,
+            "dequantize_row: output length must equal cols"
+        );
+        self.dequantize_range(row, 0, out);
+    }
+
+    /// Writes `W[row, k0 .. k0 + out.len()]` as f32. For quantized types `k0`
+    /// and `out.len()` must be multiples of 32.
+    pub(crate) fn dequantize_range(&self, row: usize, k0: usize, out: &mut [f32]) {
+        let start = row * self.cols + k0;
+        let n = out.len();
+        match &self.data {
+            Packed::F32(v) => out.copy_from_slice(&v[start..start + n]),
+            Packed::F16(v) => {
+                for (o, &h) in out.iter_mut().zip(&v[start..start + n]) {
+                    *o = f16::from_bits(h).to_f32();
+                }
+            }
+            Packed::BF16(v) => {
+                for (o, &h) in out.iter_mut().zip(&v[start..start + n]) {
+                    *o = bf16::from_bits(h).to_f32();
+                }
+            }
+            Packed::Q8 { qs, d } => {
+                debug_assert!(start % QK == 0 && n % QK == 0);
+                let qs = &qs.as_slice()[start..start + n];
+                for (b, (o, q)) in out
+                    .chunks_exact_mut(QK)
+                    .zip(qs.chunks_exact(QK))
+                    .enumerate()
+                {
+                    let scale = f16_to_f32(d[start / QK + b]);
+                    for (o, &q) in o.iter_mut().zip(q) {
+                        *o = f32::from(q as i8) * scale;
+                    }
+                }
+            }
+            Packed::Q4 { qs, d, m } => {
+                debug_assert!(start % QK == 0 && n % QK == 0);
+                let qs = &qs.as_slice()[start / 2..(start + n) / 2];
+                for (b, (o, q)) in out
+                    .chunks_exact_mut(QK)
+                    .zip(qs.chunks_exact(QK / 2))
+                    .enumerate()
+                {
+                    let (scale, min) =
+                        (f16_to_f32(d[start / QK + b]), f16_to_f32(m[start / QK + b]));
+                    for (j, &byte) in q.iter().enumerate() {
+                        o[j] = f32::from(byte & 0x0F) * scale + min;
+                        o[j + QK / 2] = f32::from(byte >> 4) * scale + min;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for WeightMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WeightMatrix")
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .field("dtype", &self.dtype)
+            .finish()
+    }
+}
+
+/// IEEE half bits to f32.
+#[inline]
+pub(crate) fn f16_to_f32(bits: u16) -> f32 {
+    f16::from_bits(bits).to_f32()
+}
+
+/// Little-endian u16 values of `bytes`.
+fn u16s(bytes: &[u8]) -> Vec<u16> {
+    bytes
+        .chunks_exact(2)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]))
+        .collect()
+}
+
+/// Splits GGUF Q8_0 blocks (f16 d, 32 x i8) into quants and scales.
+fn repack_q8_0(bytes: &[u8]) -> Packed {
+    let blocks = bytes.len() / 34;
+    let mut qs = AlignedBytes::zeroed(blocks * QK);
+    let mut d = Vec::with_capacity(blocks + SCALE_PAD);
+    for (block, out) in bytes
+        .chunks_exact(34)
+        .zip(qs.as_mut_slice().chunks_exact_mut(QK))
+    {
+        d.push(u16::from_le_bytes([block[0], block[1]]));
+        out.copy_from_slice(&block[2..]);
+    }
+    d.extend([0; SCALE_PAD]);
+    Packed::Q8 { qs, d }
+}
+
+/// Splits GGUF Q4_1 (f16 d, f16 m, 16 bytes) or Q4_0 (f16 d, 16 bytes)
+/// blocks into quants, scales and minimums.
+fn repack_q4(bytes: &[u8], dtype: DType) -> Packed {
+    let block_bytes = dtype.block_bytes();
+    let blocks = bytes.len() / block_bytes;
+    let mut qs = AlignedBytes::zeroed(blocks * QK / 2);
+    let (mut d, mut m) = (
+        Vec::with_capacity(blocks + SCALE_PAD),
+        Vec::with_capacity(blocks + SCALE_PAD),
+    );
+    for (block, out) in bytes
+        .chunks_exact(block_bytes)
+        .zip(qs.as_mut_slice().chunks_exact_mut(QK / 2))
+    {
+        let scale = u16::from_le_bytes([block[0], block[1]]);
+        d.push(scale);
+        if dtype == DType::Q4_1 {
+            m.push(u16::from_le_bytes([block[2], block[3]]));
+        } else {
+            // Exact: multiplying an f16 by a power of two only changes its exponent.
+            m.push(f16::from_f32(-8.0 * f16_to_f32(scale)).to_bits());
+        }
+        out.copy_from_slice(&block[block_bytes - QK / 2..]);
+    }
+    d.extend([0; SCALE_PAD]);
+    m.extend([0; SCALE_PAD]);
+    Packed::Q4 { qs, d, m }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::model::Storage;
+    use std::sync::Arc;
+
+    /// A tensor named "w" over owned bytes.
+    pub(crate) fn tensor(dtype: DType, rows: usize, cols: usize, bytes: Vec<u8>) -> Tensor {
+        Tensor {
+            name: "w".into(),
+            dtype,
+            shape: vec![rows, cols],
+            storage: Storage::Owned(Arc::new(bytes)),
+        }
+    }
+
+    fn h(x: f32) -> [u8; 2] {
+        f16::from_f32(x).to_le_bytes()
+    }
+
+    #[test]
+    fn q4_1_block_with_known_values() {
+        // d = 0.5, m = -1, byte j = (lo = j % 16, hi = 15 - j % 16).
+        let mut block = Vec::new();
+        block.extend(h(0.5));
+        block.extend(h(-1.0));
+        block.extend((0u8..16).map(|j| j | ((15 - j) << 4)));
+        let w = WeightMatrix::from_tensor(&tensor(DType::Q4_1, 1, 32, block)).unwrap();
+        let mut out = [0f32; 32];
+        w.dequantize_row(0, &mut out);
+        for j in 0..16 {
+            assert_eq!(out[j], j as f32 * 0.5 - 1.0, "low nibble {j}");
+            assert_eq!(out[j + 16], (15 - j) as f32 * 0.5 - 1.0, "high nibble {j}");
+        }
+    }
+
+    #[test]
+    fn q4_0_block_with_known_values() {
+        let mut block = Vec::new();
+        block.extend(h(0.25));
+        block.extend((0u8..16).map(|j| j | ((15 - j) << 4)));
+        let w = WeightMatrix::from_tensor(&tensor(DType::Q4_0, 1, 32, block)).unwrap();
+        let mut out = [0f32; 32];
+        w.dequantize_row(0, &mut out);
+        for j in 0..16 {
+            assert_eq!(out[j], (j as f32 - 8.0) * 0.25);
+            assert_eq!(out[j + 16], ((15 - j) as f32 - 8.0) * 0.25);
+        }
+    }
+
+    #[test]
+    fn q8_0_second_row_with_known_values() {
+        let mut bytes = Vec::new();
+        for (row, scale) in [(0, 1.0f32), (1, 0.125)] {
+            bytes.extend(h(scale));
+            bytes.extend((0..32).map(|j| ((j as i8 - 16) * (row + 1)) as u8));
+        }
+        let w = WeightMatrix::from_tensor(&tensor(DType::Q8_0, 2, 32, bytes)).unwrap();
+        let mut out = [0f32; 32];
+        w.dequantize_row(1, &mut out);
+        for (j, &v) in out.iter().enumerate() {
+            assert_eq!(v, (j as f32 - 16.0) * 2.0 * 0.125);
+        }
+    }
+
+    #[test]
+    fn float_types_convert_exactly() {
+        let vals = [1.5f32, -2.0, 0.0, 3.25, 65504.0, -0.5];
+        let f32b: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let f16b: Vec<u8> = vals
+            .iter()
+            .flat_map(|&v| f16::from_f32(v).to_le_bytes())
+            .collect();
+        let bf16b: Vec<u8> = vals
+            .iter()
+            .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
+            .collect();
+        for (dtype, bytes) in [(DType::F32, f32b), (DType::F16, f16b), (DType::BF16, bf16b)] {
+            let w = WeightMatrix::from_tensor(&tensor(dtype, 2, 3, bytes)).unwrap();
+            let mut out = [0f32; 3];
+            w.dequantize_row(1, &mut out);
+            let expect: Vec<f32> = vals[3..]
+                .iter()
+                .map(|&v| {
+                    if dtype == DType::BF16 {
+                        bf16::from_f32(v).to_f32()
+                    } else {
+                        v
+                    }
+                })
+                .collect();
+            assert_eq!(out.to_vec(), expect, "{dtype:?}");
+        }
+    }
+
+    #[test]
+    fn malformed_tensors_are_rejected_with_their_name() {
+        let err = WeightMatrix::from_tensor(&tensor(DType::Q4_1, 1, 33, vec![0; 40])).unwrap_err();
+        assert!(err.to_string().contains("\"w\""), "{err}");
+        assert!(matches!(err, KernelError::RaggedBlocks { cols: 33, .. }));
+        let err = WeightMatrix::from_tensor(&tensor(DType::Q8_0, 2, 32, vec![0; 34])).unwrap_err();
+        assert!(
+            matches!(err, KernelError::WrongByteLength { actual: 34, .. }),
+            "{err}"
+        );
+        let mut t = tensor(DType::F32, 1, 4, vec![0; 16]);
+        t.shape = vec![4];
+        assert!(matches!(
+            WeightMatrix::from_tensor(&t),
+            Err(KernelError::NotAMatrix { .. })
+        ));
+    }
+}
