@@ -1,1 +1,325 @@
-//! (in progress)
+//! The worker: the object an executor drives, step by step, on one device,
+//! shaped after vLLM V1's `GPUWorker` so the executor and the scheduler can
+//! call it the same way (here on the CPU).
+//!
+//! Lifecycle, in order: [`Worker::new`] → [`Worker::init_device`] (thread
+//! pool) → [`Worker::load_model`] → [`Worker::determine_available_memory`]
+//! and [`Worker::bytes_per_block`] (the engine divides one by the other) →
+//! [`Worker::initialize_from_config`] (allocate the KV cache) →
+//! [`Worker::compile_or_warm_up_model`] → [`Worker::execute_model`] per step.
+//! Calling a method before its prerequisites is an error that names the
+//! missing step. Sampling is not here: it runs on the logits this returns.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use thiserror::Error;
+
+use crate::kernels::{MatmulPath, ThreadPool};
+use crate::model::{self, LlamaConfig, LoadFormat, ModelError};
+use crate::model_runner::{
+    CpuModelRunner, Logits, ModelInput, RunnerConfig, RunnerError, SeqInput,
+};
+
+/// Everything a worker needs to know before it starts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkerConfig {
+    /// The model: a GGUF file, a safetensors directory, or a config for
+    /// dummy weights.
+    pub model: PathBuf,
+    /// How to read it (`Auto` picks by path).
+    pub load_format: LoadFormat,
+    /// Threads for the forward pass (the caller's thread included).
+    pub num_threads: usize,
+    /// Memory for the KV cache, in bytes (vLLM's `kv_cache_memory_bytes`).
+    pub kv_cache_memory_bytes: usize,
+    /// Token slots per KV-cache block.
+    pub block_size: usize,
+    /// Most tokens in one step.
+    pub max_num_batched_tokens: usize,
+    /// Longest context; `None` means the model's own.
+    pub max_model_len: Option<usize>,
+}
+
+/// Why a worker call failed.
+#[derive(Debug, Error)]
+pub enum WorkerError {
+    /// A method ran before the lifecycle step it depends on.
+    #[error("worker: {called} needs {missing} to have run first")]
+    OutOfOrder {
+        /// The method called.
+        called: &'static str,
+        /// The step that has not run.
+        missing: &'static str,
+    },
+    /// A configuration value is out of range.
+    #[error("invalid worker configuration: {0}")]
+    Config(String),
+    /// The model cannot be loaded.
+    #[error("cannot load model {}: {source}", path.display())]
+    Load {
+        /// The model file.
+        path: PathBuf,
+        /// The loader's reason.
+        source: ModelError,
+    },
+    /// The model runner refused (bad input, unsupported model, allocation).
+    #[error(transparent)]
+    Runner(#[from] RunnerError),
+}
+
+/// A CPU worker.
+pub struct Worker {
+    /// Its configuration.
+    config: WorkerConfig,
+    /// The thread pool, after `init_device`.
+    pool: Option<Arc<ThreadPool>>,
+    /// The model runner, after `load_model`.
+    runner: Option<CpuModelRunner>,
+    /// Whether the KV cache is allocated.
+    kv_ready: bool,
+}
+
+impl Worker {
+    /// Checks the configuration; starts nothing.
+    pub fn new(config: WorkerConfig) -> Result<Worker, WorkerError> {
+        let positive = [
+            ("num_threads", config.num_threads),
+            ("block_size", config.block_size),
+            ("max_num_batched_tokens", config.max_num_batched_tokens),
+            ("max_model_len", config.max_model_len.unwrap_or(1)),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(WorkerError::Config(format!(
+                "{name} is 0; it must be at least 1"
+            )));
+        }
+        Ok(Worker {
+            config,
+            pool: None,
+            runner: None,
+            kv_ready: false,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &WorkerConfig {
+        &self.config
+    }
+
+    /// Starts the thread pool and logs the CPU features the kernels can use
+    /// (the CPU counterpart of selecting and initialising a GPU).
+    pub fn init_device(&mut self) -> Result<(), WorkerError> {
+        tracing::info!(threads = self.config.num_threads, features = %cpu_features(), "worker: CPU device");
+        self.pool = Some(Arc::new(ThreadPool::new(self.config.num_threads)));
+        Ok(())
+    }
+
+    /// Loads the weights and prepares them for the kernels.
+    pub fn load_model(&mut self) -> Result<(), WorkerError> {
+        let pool = self.pool.clone().ok_or(WorkerError::OutOfOrder {
+            called: "load_model",
+            missing: "init_device",
+        })?;
+        let path = &self.config.model;
+        let weights =
+            model::load(path, self.config.load_format).map_err(|source| WorkerError::Load {
+                path: path.clone(),
+                source,
+            })?;
+        let max_model_len = self
+            .config
+            .max_model_len
+            .unwrap_or(weights.config.max_position_embeddings);
+        let limits = RunnerConfig {
+            max_num_batched_tokens: self.config.max_num_batched_tokens,
+            max_model_len,
+            block_size: self.config.block_size,
+            matmul_path: MatmulPath::Auto,
+        };
+        self.runner = Some(CpuModelRunner::new(&weights, pool, limits)?);
+        self.kv_ready = false;
+        Ok(())
+    }
+
+    /// The loaded runner, or the error naming the missing step.
+    fn runner(&self, called: &'static str) -> Result<&CpuModelRunner, WorkerError> {
+        self.runner.as_ref().ok_or(WorkerError::OutOfOrder {
+            called,
+            missing: "load_model",
+        })
+    }
+
+    /// The loaded model's hyper-parameters.
+    pub fn model_config(&self) -> Result<&LlamaConfig, WorkerError> {
+        Ok(self.runner("model_config")?.model_config())
+    }
+
+    /// The longest context this worker runs (the configured one, or the
+    /// model's).
+    pub fn max_model_len(&self) -> Result<usize, WorkerError> {
+        Ok(self.runner("max_model_len")?.runner_config().max_model_len)
+    }
+
+    /// Bytes one KV-cache block takes across all layers (K and V).
+    pub fn bytes_per_block(&self) -> Result<usize, WorkerError> {
+        Ok(self
+            .runner("bytes_per_block")?
+            .kv_cache_shape()
+            .bytes_per_block())
+    }
+
+    /// Memory available for the KV cache: on the CPU, the configured budget
+    /// (vLLM also returns `kv_cache_memory_bytes` as is when it is set).
+    pub fn determine_available_memory(&self) -> Result<usize, WorkerError> {
+        self.runner("determine_available_memory")?;
+        Ok(self.config.kv_cache_memory_bytes)
+    }
+
+    /// Allocates the KV cache with `num_blocks` blocks.
+    pub fn initialize_from_config(&mut self, num_blocks: usize) -> Result<(), WorkerError> {
+        let runner = self.runner.as_mut().ok_or(WorkerError::OutOfOrder {
+            called: "initialize_from_config",
+            missing: "load_model",
+        })?;
+        runner.initialize_kv_cache(num_blocks)?;
+        self.kv_ready = true;
+        tracing::info!(
+            num_blocks,
+            bytes = num_blocks * runner.kv_cache_shape().bytes_per_block(),
+            "worker: KV cache"
+        );
+        Ok(())
+    }
+
+    /// Runs one small dummy forward pass so page faults, thread start-up
+    /// and first-touch costs are paid before the first request.
+    ///
+    /// The dummy writes K/V into the first blocks; that is harmless because
+    /// every sequence writes a slot before any step reads it.
+    pub fn compile_or_warm_up_model(&mut self) -> Result<(), WorkerError> {
+        if !self.kv_ready {
+            return Err(WorkerError::OutOfOrder {
+                called: "compile_or_warm_up_model",
+                missing: "initialize_from_config",
+            });
+        }
+        let runner = self.runner.as_mut().ok_or(WorkerError::OutOfOrder {
+            called: "compile_or_warm_up_model",
+            missing: "load_model",
+        })?;
+        let block_size = self.config.block_size;
+        let num_blocks = runner.kv_cache().map_or(0, |c| c.num_blocks());
+        let n = 8
+            .min(self.config.max_num_batched_tokens)
+            .min(num_blocks * block_size)
+            .min(runner.runner_config().max_model_len);
+        let input = ModelInput {
+            token_ids: vec![0; n],
+            positions: (0..n as u32).collect(),
+            seqs: vec![SeqInput {
+                query_len: n,
+                context_len: n,
+                block_table: (0..n.div_ceil(block_size) as u32).collect(),
+            }],
+        };
+        runner.execute_model(&input)?;
+        Ok(())
+    }
+
+    /// Runs one step and returns the logits of each sequence's last token.
+    pub fn execute_model(&mut self, input: &ModelInput) -> Result<Logits, WorkerError> {
+        let runner = self.runner.as_mut().ok_or(WorkerError::OutOfOrder {
+            called: "execute_model",
+            missing: "load_model",
+        })?;
+        Ok(runner.execute_model(input)?)
+    }
+}
+
+/// The SIMD features that matter to the kernels, for the start-up log.
+fn cpu_features() -> String {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let f = [
+            ("avx2", is_x86_feature_detected!("avx2")),
+            ("fma", is_x86_feature_detected!("fma")),
+            ("f16c", is_x86_feature_detected!("f16c")),
+            ("avx512f", is_x86_feature_detected!("avx512f")),
+            ("avx512vnni", is_x86_feature_detected!("avx512vnni")),
+        ];
+        let on: Vec<&str> = f.iter().filter(|(_, v)| *v).map(|(n, _)| *n).collect();
+        if on.is_empty() {
+            "none (scalar kernels)".to_string()
+        } else {
+            on.join(" ")
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        "portable (scalar kernels)".to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> WorkerConfig {
+        WorkerConfig {
+            model: PathBuf::from("/nonexistent/model.gguf"),
+            load_format: LoadFormat::Auto,
+            num_threads: 1,
+            kv_cache_memory_bytes: 1 << 20,
+            block_size: 16,
+            max_num_batched_tokens: 64,
+            max_model_len: None,
+        }
+    }
+
+    #[test]
+    fn rejects_zero_sizes() {
+        let err = Worker::new(WorkerConfig {
+            block_size: 0,
+            ..config()
+        })
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(err.contains("block_size is 0"), "{err}");
+        let err = Worker::new(WorkerConfig {
+            max_model_len: Some(0),
+            ..config()
+        })
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(err.contains("max_model_len is 0"), "{err}");
+    }
+
+    #[test]
+    fn names_the_missing_lifecycle_step() {
+        let mut w = Worker::new(config()).unwrap();
+        let err = w.load_model().unwrap_err().to_string();
+        assert!(err.contains("load_model needs init_device"), "{err}");
+        let err = w.determine_available_memory().unwrap_err().to_string();
+        assert!(err.contains("needs load_model"), "{err}");
+        let err = w.initialize_from_config(4).unwrap_err().to_string();
+        assert!(err.contains("needs load_model"), "{err}");
+        let err = w.compile_or_warm_up_model().unwrap_err().to_string();
+        assert!(err.contains("needs initialize_from_config"), "{err}");
+        let err = w
+            .execute_model(&ModelInput::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("needs load_model"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_model_file_is_a_load_error_naming_it() {
+        let mut w = Worker::new(config()).unwrap();
+        w.init_device().unwrap();
+        let err = w.load_model().unwrap_err().to_string();
+        assert!(err.contains("/nonexistent/model.gguf"), "{err}");
+    }
+}

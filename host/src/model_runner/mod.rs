@@ -1,1 +1,86 @@
-//! (in progress)
+//! The model runner: one forward pass of a llama-family model over a
+//! flattened batch that mixes prefill chunks and decodes, reading and writing
+//! a paged KV cache (vLLM's `GPUModelRunner`, on the CPU).
+//!
+//! - [`input`]: what a step runs ([`ModelInput`]) and its validation;
+//! - [`kv_cache`]: the paged K/V storage ([`KvCache`]);
+//! - [`attention`]: causal paged attention over the block tables;
+//! - [`cpu`]: [`CpuModelRunner`], the forward pass itself.
+
+mod attention;
+mod cpu;
+mod input;
+mod kv_cache;
+mod layer;
+mod scratch;
+
+use thiserror::Error;
+
+pub use cpu::{CpuModelRunner, RunnerConfig};
+pub use input::{ModelInput, SeqInput};
+pub use kv_cache::{KvCache, KvCacheShape};
+
+use crate::kernels::KernelError;
+
+/// Logits of the last query token of each sequence of a step, row-major
+/// `[num_seqs, vocab_size]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Logits {
+    /// Number of rows (sequences).
+    pub num_seqs: usize,
+    /// Row width (vocabulary size).
+    pub vocab_size: usize,
+    /// `num_seqs * vocab_size` values.
+    pub data: Vec<f32>,
+}
+
+impl Logits {
+    /// The logits of sequence `seq`.
+    ///
+    /// # Panics
+    /// When `seq >= num_seqs` (a caller bug, like slice indexing).
+    pub fn row(&self, seq: usize) -> &[f32] {
+        &self.data[seq * self.vocab_size..(seq + 1) * self.vocab_size]
+    }
+
+    /// Iterates over the rows, first sequence first.
+    pub fn rows(&self) -> impl Iterator<Item = &[f32]> {
+        self.data.chunks_exact(self.vocab_size.max(1))
+    }
+}
+
+/// Why the runner cannot be built or cannot run a step. Input errors name
+/// the sequence and the offending value so a caller can fix its batch.
+#[derive(Debug, Error)]
+pub enum RunnerError {
+    /// A weight matrix cannot be prepared for the kernels.
+    #[error("cannot prepare weight `{name}` for the CPU kernels: {source}")]
+    Weight {
+        /// The tensor name.
+        name: String,
+        /// The kernel's reason.
+        source: KernelError,
+    },
+    /// The weights do not fit the configuration the runner supports.
+    #[error("unsupported model: {0}")]
+    Unsupported(String),
+    /// A runner option is out of range.
+    #[error("invalid runner configuration: {0}")]
+    Config(String),
+    /// `execute_model` ran before `initialize_kv_cache`.
+    #[error("the KV cache is not allocated; call initialize_kv_cache(num_blocks) first")]
+    NoKvCache,
+    /// The KV cache cannot be allocated.
+    #[error("cannot allocate a KV cache of {num_blocks} blocks ({bytes} bytes): {reason}")]
+    KvAlloc {
+        /// Blocks requested.
+        num_blocks: usize,
+        /// Bytes requested (saturated on overflow).
+        bytes: usize,
+        /// What failed.
+        reason: String,
+    },
+    /// The batch is malformed (lengths, positions, ids, block tables).
+    #[error("invalid model input: {0}")]
+    Input(String),
+}

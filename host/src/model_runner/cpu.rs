@@ -1,0 +1,234 @@
+//! [`CpuModelRunner`]: the llama forward pass on the CPU over a paged KV
+//! cache, for a flattened batch that mixes prefill chunks and decodes.
+//!
+//! Every matmul runs once per layer over all tokens of the step (weights are
+//! streamed once per step, whatever the batch); attention runs per
+//! (sequence, head, query run) in parallel; the LM head runs only on each
+//! sequence's last token.
+
+use std::sync::Arc;
+
+use super::attention::{plan, AttnDims, SeqSpan};
+use super::input::{Limits, ModelInput};
+use super::kv_cache::{KvCache, KvCacheShape};
+use super::layer::{norm_weight, weight_matrix, Layer, StepCtx};
+use super::scratch::Scratch;
+use super::{Logits, RunnerError};
+use crate::kernels::{matmul_with, rms_norm, MatmulPath, RopeTable, ThreadPool, WeightMatrix};
+use crate::model::{check, LlamaConfig, ModelWeights};
+
+/// Limits of the steps a runner accepts, and how it computes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunnerConfig {
+    /// Most tokens in one step; the activation buffers are sized for it.
+    pub max_num_batched_tokens: usize,
+    /// Longest context of a sequence (at most the model's
+    /// `max_position_embeddings`).
+    pub max_model_len: usize,
+    /// Token slots per KV-cache block.
+    pub block_size: usize,
+    /// Which matmul kernels to use: `Auto` (8-bit activations for small
+    /// steps, f32 GEMM for large ones) in production; tests force one
+    /// family so that runs of different batch shapes do the same arithmetic.
+    pub matmul_path: MatmulPath,
+}
+
+/// The CPU model runner of a llama-family model.
+pub struct CpuModelRunner {
+    /// Model hyper-parameters.
+    config: LlamaConfig,
+    /// Step limits.
+    limits: RunnerConfig,
+    /// Threads for matmuls and attention.
+    pool: Arc<ThreadPool>,
+    /// Token embedding (also the output projection when tied).
+    embed: WeightMatrix,
+    /// Separate output projection, when not tied.
+    lm_head: Option<WeightMatrix>,
+    /// The transformer blocks.
+    layers: Vec<Layer>,
+    /// Final RMSNorm weight.
+    final_norm: Vec<f32>,
+    /// RoPE angles for positions below `max_model_len`.
+    rope: RopeTable,
+    /// Activation buffers.
+    scratch: Scratch,
+    /// Final-norm rows of the step's last tokens, `[seqs, hidden]`.
+    last_hidden: Vec<f32>,
+    /// The paged KV cache, once allocated.
+    kv: Option<KvCache>,
+}
+
+impl CpuModelRunner {
+    /// Prepares `weights` for the kernels (every matrix repacked, norms as
+    /// f32) and allocates the activation buffers. The KV cache comes later,
+    /// from [`CpuModelRunner::initialize_kv_cache`], once its size is known.
+    pub fn new(
+        weights: &ModelWeights,
+        pool: Arc<ThreadPool>,
+        limits: RunnerConfig,
+    ) -> Result<CpuModelRunner, RunnerError> {
+        let c = &weights.config;
+        check::check_weights(weights).map_err(|e| RunnerError::Unsupported(e.to_string()))?;
+        if limits.max_num_batched_tokens == 0 || limits.block_size == 0 || limits.max_model_len == 0
+        {
+            return Err(RunnerError::Config(format!(
+                "max_num_batched_tokens ({}), max_model_len ({}) and block_size ({}) must all be at least 1",
+                limits.max_num_batched_tokens, limits.max_model_len, limits.block_size
+            )));
+        }
+        if limits.max_model_len > c.max_position_embeddings {
+            return Err(RunnerError::Config(format!(
+                "max_model_len = {} exceeds the model's context of {} tokens; lower max_model_len",
+                limits.max_model_len, c.max_position_embeddings
+            )));
+        }
+        let layers = weights
+            .layers
+            .iter()
+            .map(Layer::new)
+            .collect::<Result<Vec<_>, _>>()?;
+        let lm_head = weights.lm_head.as_ref().map(weight_matrix).transpose()?;
+        Ok(CpuModelRunner {
+            config: c.clone(),
+            limits,
+            embed: weight_matrix(&weights.embed)?,
+            lm_head,
+            layers,
+            final_norm: norm_weight(&weights.final_norm),
+            rope: RopeTable::new(c.rope_dim, c.rope_theta, limits.max_model_len),
+            scratch: Scratch::new(
+                c,
+                limits.max_num_batched_tokens,
+                limits.max_model_len,
+                pool.num_threads(),
+            )?,
+            last_hidden: vec![0.0; limits.max_num_batched_tokens * c.hidden_size],
+            kv: None,
+            pool,
+        })
+    }
+
+    /// The model's hyper-parameters.
+    pub fn model_config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    /// The step limits.
+    pub fn runner_config(&self) -> RunnerConfig {
+        self.limits
+    }
+
+    /// Switches the matmul kernel family for the following steps.
+    pub fn set_matmul_path(&mut self, path: MatmulPath) {
+        self.limits.matmul_path = path;
+    }
+
+    /// The KV cache's dimensions (everything but the number of blocks).
+    pub fn kv_cache_shape(&self) -> KvCacheShape {
+        KvCacheShape {
+            num_layers: self.config.num_hidden_layers,
+            num_kv_heads: self.config.num_key_value_heads,
+            head_dim: self.config.head_dim,
+            block_size: self.limits.block_size,
+        }
+    }
+
+    /// Allocates (or replaces) the KV cache with `num_blocks` blocks.
+    pub fn initialize_kv_cache(&mut self, num_blocks: usize) -> Result<(), RunnerError> {
+        self.kv = None;
+        self.kv = Some(KvCache::new(self.kv_cache_shape(), num_blocks)?);
+        Ok(())
+    }
+
+    /// The KV cache, once allocated.
+    pub fn kv_cache(&self) -> Option<&KvCache> {
+        self.kv.as_ref()
+    }
+
+    /// Runs one step: writes the K/V of every token of `input` into the
+    /// cache and returns the logits of each sequence's last query token.
+    pub fn execute_model(&mut self, input: &ModelInput) -> Result<Logits, RunnerError> {
+        let Self {
+            config: c,
+            limits,
+            pool,
+            embed,
+            lm_head,
+            layers,
+            final_norm,
+            rope,
+            scratch: s,
+            last_hidden,
+            kv,
+        } = self;
+        let cache = kv.as_mut().ok_or(RunnerError::NoKvCache)?;
+        input.validate(&Limits {
+            vocab_size: c.vocab_size,
+            max_model_len: limits.max_model_len,
+            max_num_batched_tokens: limits.max_num_batched_tokens,
+            num_blocks: cache.num_blocks(),
+            block_size: limits.block_size,
+        })?;
+        let (n, hid) = (input.token_ids.len(), c.hidden_size);
+        s.spans.clear();
+        let mut start = 0;
+        for seq in &input.seqs {
+            s.spans.push(SeqSpan {
+                token_start: start,
+                query_len: seq.query_len,
+                context_len: seq.context_len,
+            });
+            start += seq.query_len;
+        }
+        plan(&s.spans, c.num_attention_heads, &mut s.items);
+        let block_tables: Vec<&[u32]> = input.seqs.iter().map(|q| &q.block_table[..]).collect();
+        for (row, &id) in s.h[..n * hid].chunks_exact_mut(hid).zip(&input.token_ids) {
+            embed.dequantize_row(id as usize, row);
+        }
+        let ctx = StepCtx {
+            pool,
+            path: limits.matmul_path,
+            dims: AttnDims {
+                num_heads: c.num_attention_heads,
+                num_kv_heads: c.num_key_value_heads,
+                head_dim: c.head_dim,
+                block_size: limits.block_size,
+            },
+            hidden: hid,
+            intermediate: c.intermediate_size,
+            eps: c.rms_norm_eps,
+            rope,
+            block_tables: &block_tables,
+            positions: &input.positions,
+        };
+        for (i, layer) in layers.iter().enumerate() {
+            layer.forward(i, &ctx, s, cache);
+        }
+        let ns = s.spans.len();
+        for (span, out) in s.spans.iter().zip(last_hidden.chunks_exact_mut(hid)) {
+            let t = span.token_start + span.query_len - 1;
+            rms_norm(
+                &s.h[t * hid..(t + 1) * hid],
+                final_norm,
+                c.rms_norm_eps,
+                out,
+            );
+        }
+        let head = lm_head.as_ref().unwrap_or(embed);
+        let mut data = vec![0.0; ns * head.rows()];
+        matmul_with(
+            pool,
+            head,
+            &last_hidden[..ns * hid],
+            ns,
+            &mut data,
+            limits.matmul_path,
+        );
+        Ok(Logits {
+            num_seqs: ns,
+            vocab_size: head.rows(),
+            data,
+        })
+    }
+}

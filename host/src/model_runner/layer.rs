@@ -1,0 +1,212 @@
+//! One transformer block: its weights in kernel layout and its forward pass
+//! over all tokens of a step.
+
+use std::sync::Arc;
+
+use super::attention::{paged_attention, AttnArgs, AttnDims};
+use super::kv_cache::KvCache;
+use super::scratch::Scratch;
+use super::RunnerError;
+use crate::kernels::{
+    matmul_with, rms_norm, silu_mul, MatmulPath, RopeTable, ThreadPool, WeightMatrix,
+};
+use crate::model::{dequant, DType, LayerWeights, Storage, Tensor};
+
+/// A block's weights: Q/K/V fused into one matrix and gate/up into another,
+/// so a step runs four matmuls per layer instead of seven (each matmul is a
+/// parallel section; fewer sections means less fork-join overhead per
+/// decoded token).
+pub(crate) struct Layer {
+    /// RMSNorm weight before attention.
+    attn_norm: Vec<f32>,
+    /// `[wq; wk; wv]`, `[(heads + 2 kv_heads) * head_dim, hidden]`.
+    wqkv: WeightMatrix,
+    /// Attention output projection.
+    wo: WeightMatrix,
+    /// RMSNorm weight before the MLP.
+    ffn_norm: Vec<f32>,
+    /// `[w_gate; w_up]`, `[2 * intermediate, hidden]`.
+    w_gate_up: WeightMatrix,
+    /// Down projection.
+    w_down: WeightMatrix,
+}
+
+/// A norm weight as f32.
+pub(crate) fn norm_weight(t: &Tensor) -> Vec<f32> {
+    dequant::dequantize(t)
+}
+
+/// A weight matrix in kernel layout, with the tensor named on failure.
+pub(crate) fn weight_matrix(t: &Tensor) -> Result<WeightMatrix, RunnerError> {
+    WeightMatrix::from_tensor(t).map_err(|source| RunnerError::Weight {
+        name: t.name.clone(),
+        source,
+    })
+}
+
+/// Stacks matrices with the same columns row-wise. GGUF rows are whole
+/// blocks, so stacking is byte concatenation when the types agree; mixed
+/// types are widened to f32 first (correct, only slower).
+fn stack_rows(name: &str, parts: &[&Tensor]) -> Result<WeightMatrix, RunnerError> {
+    let cols = parts[0].cols();
+    if let Some(p) = parts
+        .iter()
+        .find(|p| p.shape.len() != 2 || p.cols() != cols)
+    {
+        return Err(RunnerError::Unsupported(format!(
+            "`{}` has shape {:?}, but it is stacked with matrices of {cols} columns",
+            p.name, p.shape
+        )));
+    }
+    let same_type = parts.iter().all(|p| p.dtype == parts[0].dtype);
+    let widened: Vec<Tensor>;
+    let parts: Vec<&Tensor> = if same_type {
+        parts.to_vec()
+    } else {
+        widened = parts.iter().map(|p| dequant::to_f32(p)).collect();
+        widened.iter().collect()
+    };
+    let mut bytes = Vec::with_capacity(parts.iter().map(|p| p.storage.bytes().len()).sum());
+    for p in &parts {
+        bytes.extend_from_slice(p.storage.bytes());
+    }
+    let dtype: DType = parts[0].dtype;
+    weight_matrix(&Tensor {
+        name: name.to_string(),
+        dtype,
+        shape: vec![parts.iter().map(|p| p.rows()).sum(), cols],
+        storage: Storage::Owned(Arc::new(bytes)),
+    })
+}
+
+impl Layer {
+    /// Repacks one block's weights for the kernels.
+    pub fn new(w: &LayerWeights) -> Result<Layer, RunnerError> {
+        let base = w.wq.name.trim_end_matches("attn_q.weight");
+        Ok(Layer {
+            attn_norm: norm_weight(&w.attn_norm),
+            wqkv: stack_rows(&format!("{base}attn_qkv (fused)"), &[&w.wq, &w.wk, &w.wv])?,
+            wo: weight_matrix(&w.wo)?,
+            ffn_norm: norm_weight(&w.ffn_norm),
+            w_gate_up: stack_rows(&format!("{base}ffn_gate_up (fused)"), &[&w.w_gate, &w.w_up])?,
+            w_down: weight_matrix(&w.w_down)?,
+        })
+    }
+}
+
+/// What a block's forward pass needs besides its weights and buffers.
+pub(crate) struct StepCtx<'a> {
+    /// The thread pool.
+    pub pool: &'a ThreadPool,
+    /// The matmul kernel family.
+    pub path: MatmulPath,
+    /// Attention shapes.
+    pub dims: AttnDims,
+    /// Model width.
+    pub hidden: usize,
+    /// MLP width.
+    pub intermediate: usize,
+    /// RMSNorm epsilon.
+    pub eps: f32,
+    /// RoPE angles.
+    pub rope: &'a RopeTable,
+    /// Each sequence's block table.
+    pub block_tables: &'a [&'a [u32]],
+    /// The position of each token.
+    pub positions: &'a [u32],
+}
+
+impl Layer {
+    /// Runs the block over the step's `n` tokens: reads and updates the
+    /// residual stream `s.h`, writes this layer's K/V into `cache`.
+    pub fn forward(&self, layer: usize, ctx: &StepCtx<'_>, s: &mut Scratch, cache: &mut KvCache) {
+        let n = ctx.positions.len();
+        let (hid, d) = (ctx.hidden, ctx.dims);
+        let (qw, kvw) = (d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim);
+        let qkv_w = qw + 2 * kvw;
+        let h = &mut s.h[..n * hid];
+        let x = &mut s.x[..n * hid];
+        for (xr, hr) in x.chunks_exact_mut(hid).zip(h.chunks_exact(hid)) {
+            rms_norm(hr, &self.attn_norm, ctx.eps, xr);
+        }
+        let qkv = &mut s.qkv[..n * qkv_w];
+        matmul_with(ctx.pool, &self.wqkv, x, n, qkv, ctx.path);
+        for (t, row) in qkv.chunks_exact_mut(qkv_w).enumerate() {
+            let pos = ctx.positions[t] as usize;
+            for head in row[..qw + kvw].chunks_exact_mut(d.head_dim) {
+                ctx.rope.apply(head, pos);
+            }
+        }
+        self.store_kv(layer, ctx, s, cache, n);
+        let attn = &mut s.attn[..n * qw];
+        let args = AttnArgs {
+            cache,
+            layer,
+            seqs: &s.spans,
+            block_tables: ctx.block_tables,
+            items: &s.items,
+            q: &s.qkv[..n * qkv_w],
+            q_stride: qkv_w,
+        };
+        paged_attention(ctx.pool, d, &args, attn, &mut s.scores);
+        let proj = &mut s.proj[..n * hid];
+        matmul_with(ctx.pool, &self.wo, attn, n, proj, ctx.path);
+        let h = &mut s.h[..n * hid];
+        add_into(h, proj);
+
+        let x = &mut s.x[..n * hid];
+        for (xr, hr) in x.chunks_exact_mut(hid).zip(h.chunks_exact(hid)) {
+            rms_norm(hr, &self.ffn_norm, ctx.eps, xr);
+        }
+        let ff = ctx.intermediate;
+        let gu = &mut s.gate_up[..n * 2 * ff];
+        matmul_with(ctx.pool, &self.w_gate_up, x, n, gu, ctx.path);
+        // SwiGLU, compacting rows in place: token t's activations move from
+        // [2t·ff, 2t·ff + ff) to [t·ff, (t+1)·ff), which never overlaps a row
+        // not yet processed.
+        for t in 0..n {
+            let (gate, up) = gu[2 * t * ff..2 * (t + 1) * ff].split_at_mut(ff);
+            silu_mul(gate, up);
+            gu.copy_within(2 * t * ff..2 * t * ff + ff, t * ff);
+        }
+        matmul_with(ctx.pool, &self.w_down, &gu[..n * ff], n, proj, ctx.path);
+        add_into(h, proj);
+    }
+
+    /// Writes every token's K and V to its slot (positions were validated
+    /// against the block tables before the step).
+    fn store_kv(
+        &self,
+        layer: usize,
+        ctx: &StepCtx<'_>,
+        s: &Scratch,
+        cache: &mut KvCache,
+        n: usize,
+    ) {
+        let d = ctx.dims;
+        let (qw, kvw) = (d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim);
+        let qkv_w = qw + 2 * kvw;
+        for (span, table) in s.spans.iter().zip(ctx.block_tables) {
+            for t in span.token_start..span.token_start + span.query_len {
+                let pos = ctx.positions[t] as usize;
+                let row = &s.qkv[t * qkv_w..(t + 1) * qkv_w];
+                let block = table[pos / d.block_size] as usize;
+                cache.write(
+                    layer,
+                    block,
+                    pos % d.block_size,
+                    &row[qw..qw + kvw],
+                    &row[qw + kvw..],
+                );
+            }
+        }
+        debug_assert_eq!(s.spans.iter().map(|sp| sp.query_len).sum::<usize>(), n);
+    }
+}
+
+/// `h += x`, elementwise.
+fn add_into(h: &mut [f32], x: &[f32]) {
+    for (a, b) in h.iter_mut().zip(x) {
+        *a += b;
+    }
+}
