@@ -466,10 +466,11 @@ fn worker_lifecycle_serves_the_model() {
         block_size: BLOCK_SIZE,
         max_num_batched_tokens: 256,
         max_model_len: Some(512),
+        eos_token_id: None,
     })
     .unwrap();
     assert!(
-        w.execute_model(&ModelInput::default()).is_err(),
+        w.execute_model_input(&ModelInput::default()).is_err(),
         "execute_model before load_model must fail"
     );
     w.init_device().unwrap();
@@ -492,7 +493,7 @@ fn worker_lifecycle_serves_the_model() {
             block_table: s.table.split_off(0),
         }],
     };
-    let logits = w.execute_model(&input).unwrap();
+    let logits = w.execute_model_input(&input).unwrap();
     let e = &expected[1];
     let err = max_abs_diff(&e.logits, logits.row(0));
     assert!(

@@ -15,7 +15,11 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
+mod input_batch;
+
 use crate::kernels::{MatmulPath, ThreadPool};
+use crate::scheduler::{ReqHandle, SchedulerOutput};
+use input_batch::{BatchError, InputBatch, StepPlan};
 use crate::model::{self, LlamaConfig, LoadFormat, ModelError};
 use crate::model_runner::{
     CpuModelRunner, Logits, ModelInput, RunnerConfig, RunnerError, SeqInput,
@@ -39,6 +43,9 @@ pub struct WorkerConfig {
     pub max_num_batched_tokens: usize,
     /// Longest context; `None` means the model's own.
     pub max_model_len: Option<usize>,
+    /// The end-of-sequence token, masked while a request is below its
+    /// `min_tokens` (from the tokenizer).
+    pub eos_token_id: Option<u32>,
 }
 
 /// Why a worker call failed.
@@ -66,6 +73,9 @@ pub enum WorkerError {
     /// The model runner refused (bad input, unsupported model, allocation).
     #[error(transparent)]
     Runner(#[from] RunnerError),
+    /// A scheduler output did not fit the persistent batch.
+    #[error(transparent)]
+    Batch(#[from] BatchError),
 }
 
 /// A CPU worker.
@@ -78,6 +88,12 @@ pub struct Worker {
     runner: Option<CpuModelRunner>,
     /// Whether the KV cache is allocated.
     kv_ready: bool,
+    /// The requests the scheduler is running, kept across steps.
+    input_batch: InputBatch,
+    /// The step being built (reused to avoid allocating).
+    step_input: ModelInput,
+    /// Logits of the step run by `execute_model`, until `sample_tokens`.
+    pending: Option<(StepPlan, Logits)>,
 }
 
 impl Worker {
@@ -94,11 +110,15 @@ impl Worker {
                 "{name} is 0; it must be at least 1"
             )));
         }
+        let input_batch = InputBatch::new(config.eos_token_id);
         Ok(Worker {
             config,
             pool: None,
             runner: None,
             kv_ready: false,
+            input_batch,
+            step_input: ModelInput::default(),
+            pending: None,
         })
     }
 
@@ -227,13 +247,48 @@ impl Worker {
         Ok(())
     }
 
-    /// Runs one step and returns the logits of each sequence's last token.
-    pub fn execute_model(&mut self, input: &ModelInput) -> Result<Logits, WorkerError> {
+    /// Runs one flattened batch and returns the logits of each sequence's
+    /// last token: the runner's entry point, for benchmarks and tests that
+    /// build their own batches.
+    pub fn execute_model_input(&mut self, input: &ModelInput) -> Result<Logits, WorkerError> {
+        let runner = self.runner.as_mut().ok_or(WorkerError::OutOfOrder {
+            called: "execute_model_input",
+            missing: "load_model",
+        })?;
+        Ok(runner.execute_model(input)?)
+    }
+
+    /// Applies a scheduler step's deltas to the persistent batch and runs
+    /// its forward pass (vLLM's `execute_model`); the logits wait for
+    /// [`Worker::sample_tokens`].
+    pub fn execute_model(&mut self, so: &SchedulerOutput) -> Result<(), WorkerError> {
+        if !self.kv_ready {
+            return Err(WorkerError::OutOfOrder { called: "execute_model", missing: "initialize_from_config" });
+        }
+        let plan = self.input_batch.prepare(so, &mut self.step_input)?;
+        self.pending = None;
+        if !self.step_input.seqs.is_empty() {
+            let logits = self.execute_model_input_owned()?;
+            self.pending = Some((plan, logits));
+        }
+        Ok(())
+    }
+
+    fn execute_model_input_owned(&mut self) -> Result<Logits, WorkerError> {
         let runner = self.runner.as_mut().ok_or(WorkerError::OutOfOrder {
             called: "execute_model",
             missing: "load_model",
         })?;
-        Ok(runner.execute_model(input)?)
+        Ok(runner.execute_model(&self.step_input)?)
+    }
+
+    /// Samples the step [`Worker::execute_model`] ran: one token for each
+    /// request that reached the end of its known tokens, as `(handle, [token])`.
+    pub fn sample_tokens(&mut self) -> Result<Vec<(ReqHandle, [u32; 1])>, WorkerError> {
+        match self.pending.take() {
+            Some((plan, mut logits)) => Ok(self.input_batch.sample(&plan, &mut logits)?),
+            None => Ok(Vec::new()),
+        }
     }
 }
 
@@ -274,6 +329,7 @@ mod tests {
             block_size: 16,
             max_num_batched_tokens: 64,
             max_model_len: None,
+            eos_token_id: None,
         }
     }
 
@@ -289,6 +345,7 @@ mod tests {
         assert!(err.contains("block_size is 0"), "{err}");
         let err = Worker::new(WorkerConfig {
             max_model_len: Some(0),
+            eos_token_id: None,
             ..config()
         })
         .err()
@@ -309,7 +366,7 @@ mod tests {
         let err = w.compile_or_warm_up_model().unwrap_err().to_string();
         assert!(err.contains("needs initialize_from_config"), "{err}");
         let err = w
-            .execute_model(&ModelInput::default())
+            .execute_model_input(&ModelInput::default())
             .unwrap_err()
             .to_string();
         assert!(err.contains("needs load_model"), "{err}");

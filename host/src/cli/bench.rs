@@ -1,14 +1,121 @@
-//! `host bench`: prefill and decode speed on the configured model.
+//! `host bench`: prefill and single-stream decode speed on the configured
+//! model, measured the way llama-bench's pp/tg tests are (fixed token counts,
+//! several repetitions, the mean and spread reported).
 
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::bail;
 use clap::Args;
+use serde::Serialize;
 
+use crate::engine::startup;
 use crate::config::EngineConfig;
+use crate::model_runner::{ModelInput, SeqInput};
 
 /// Flags of `host bench`.
 #[derive(Debug, Args)]
-pub struct BenchArgs {}
+pub struct BenchArgs {
+    /// Prompt tokens of the prefill test (llama-bench's pp).
+    #[arg(long, default_value_t = 512)]
+    pub prompt_tokens: usize,
+    /// Generated tokens of the decode test (llama-bench's tg).
+    #[arg(long, default_value_t = 128)]
+    pub gen_tokens: usize,
+    /// Measured repetitions of each test (after one warm-up).
+    #[arg(long, default_value_t = 3)]
+    pub repetitions: usize,
+    /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+/// One test's result.
+#[derive(Debug, Serialize)]
+struct TestResult {
+    test: String,
+    tokens: usize,
+    tokens_per_s_mean: f64,
+    tokens_per_s_stddev: f64,
+    runs: Vec<f64>,
+}
 
 /// Runs `host bench`.
-pub fn run(_config: &EngineConfig, _args: &BenchArgs) -> anyhow::Result<()> {
-    anyhow::bail!("host bench is being wired up")
+pub fn run(config: &EngineConfig, args: &BenchArgs) -> anyhow::Result<()> {
+    if args.prompt_tokens == 0 || args.gen_tokens == 0 || args.repetitions == 0 {
+        bail!("--prompt-tokens, --gen-tokens and --repetitions must be at least 1");
+    }
+    // Whole-prompt prefill in one step, as llama-bench's pp test does.
+    let mut config = config.clone();
+    config.scheduler.max_num_batched_tokens = config.scheduler.max_num_batched_tokens.max(args.prompt_tokens);
+    let mut session = startup::start(&config)?;
+    let block_size = config.cache.block_size;
+    let longest = args.prompt_tokens.max(args.gen_tokens + 1);
+    let blocks = longest.div_ceil(block_size);
+    if blocks > session.num_blocks {
+        bail!("the tests need {blocks} KV blocks but the cache has {}; raise --kv-cache-memory-bytes", session.num_blocks);
+    }
+    let vocab = session.worker.model_config()?.vocab_size as u32;
+    let table: Vec<u32> = (0..blocks as u32).collect();
+    // Fixed pseudo-random token ids: the speed does not depend on them.
+    let tokens: Vec<u32> = (0..longest as u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % vocab).collect();
+    let seq = |query_len, context_len| SeqInput { query_len, context_len, block_table: table.clone() };
+
+    let mut prefill = Vec::new();
+    let mut decode = Vec::new();
+    for rep in 0..=args.repetitions {
+        let n = args.prompt_tokens;
+        let input = ModelInput {
+            token_ids: tokens[..n].to_vec(),
+            positions: (0..n as u32).collect(),
+            seqs: vec![seq(n, n)],
+        };
+        let t = Instant::now();
+        session.worker.execute_model_input(&input)?;
+        let pp = n as f64 / t.elapsed().as_secs_f64();
+
+        let t = Instant::now();
+        for i in 0..args.gen_tokens {
+            let input =
+                ModelInput { token_ids: vec![tokens[i]], positions: vec![i as u32], seqs: vec![seq(1, i + 1)] };
+            session.worker.execute_model_input(&input)?;
+        }
+        let tg = args.gen_tokens as f64 / t.elapsed().as_secs_f64();
+        if rep > 0 {
+            prefill.push(pp);
+            decode.push(tg);
+        }
+    }
+    let results = [
+        summarize(format!("pp{}", args.prompt_tokens), args.prompt_tokens, prefill),
+        summarize(format!("tg{}", args.gen_tokens), args.gen_tokens, decode),
+    ];
+    let threads = match config.worker.num_threads {
+        0 => startup::default_threads(),
+        n => n,
+    };
+    println!("| model | threads | test | tokens/s |");
+    println!("| --- | ---: | --- | ---: |");
+    for r in &results {
+        println!(
+            "| {} | {threads} | {} | {:.2} ± {:.2} |",
+            config.model.path.file_name().unwrap_or_default().to_string_lossy(),
+            r.test,
+            r.tokens_per_s_mean,
+            r.tokens_per_s_stddev
+        );
+    }
+    if let Some(path) = &args.json {
+        let json = serde_json::json!({ "model": config.model.path, "threads": threads, "results": results });
+        std::fs::write(path, serde_json::to_string_pretty(&json)? + "\n")
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn summarize(test: String, tokens: usize, runs: Vec<f64>) -> TestResult {
+    let n = runs.len() as f64;
+    let mean = runs.iter().sum::<f64>() / n;
+    let var = runs.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+    TestResult { test, tokens, tokens_per_s_mean: mean, tokens_per_s_stddev: var.sqrt(), runs }
 }

@@ -4,6 +4,7 @@
 
 mod bench;
 mod generate;
+mod sampling_args;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

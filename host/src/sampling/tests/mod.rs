@@ -1,6 +1,5 @@
 //! Tests of the sampling module against independent expectations.
 
-mod finish;
 mod params;
 mod sampler;
 mod stop;

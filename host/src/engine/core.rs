@@ -1,0 +1,188 @@
+//! `EngineCore`: the scheduler and the executor stepped together (vLLM's
+//! `EngineCore.step`): schedule → execute_model → sample_tokens →
+//! update_from_output. Token-level stops (EOS, stop ids, max_tokens) are
+//! decided here; text-level work (detokenizing, stop strings) is the
+//! frontend's.
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use super::executor::{Executor, ExecutorError};
+use crate::sampling::SamplingParams;
+use crate::scheduler::{
+    FinishReason, Request, RequestOutput, Scheduler, SchedulerError, SchedulerOutput, SchedulerStats,
+};
+
+/// A request as the engine core receives it: already tokenized.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EngineCoreRequest {
+    /// Unique among live requests.
+    pub request_id: String,
+    /// The prompt's token ids.
+    pub prompt_token_ids: Vec<u32>,
+    /// How to sample.
+    pub sampling_params: SamplingParams,
+    /// Larger runs first under the priority policy (vLLM: smaller value = earlier;
+    /// see the policy's docs).
+    pub priority: i32,
+}
+
+/// What one request produced in one step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EngineCoreOutput {
+    /// The request.
+    pub request_id: String,
+    /// Tokens generated this step.
+    pub new_token_ids: Vec<u32>,
+    /// Set on the request's last output.
+    pub finish_reason: Option<FinishReason>,
+    /// Prompt tokens served from the prefix cache.
+    pub num_cached_tokens: u32,
+}
+
+/// Why the engine core cannot go on.
+#[derive(Debug, Error)]
+pub enum EngineError {
+    /// A request was refused; the engine carries on.
+    #[error(transparent)]
+    Request(#[from] SchedulerError),
+    /// The executor failed; the engine is dead.
+    #[error(transparent)]
+    Executor(#[from] ExecutorError),
+}
+
+/// Per-step timings, for the metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepTimings {
+    /// Seconds spent in `schedule`.
+    pub schedule_s: f64,
+    /// Seconds in the executor (forward pass and sampling).
+    pub execute_s: f64,
+    /// Seconds in `update_from_output`.
+    pub update_s: f64,
+}
+
+/// The scheduler and the executor.
+pub struct EngineCore {
+    scheduler: Scheduler,
+    executor: Box<dyn Executor>,
+    outputs: Vec<RequestOutput>,
+    last_timings: StepTimings,
+    /// Prompt tokens of the requests admitted so far.
+    num_prompt_tokens: u64,
+    /// Tokens generated so far.
+    num_generation_tokens: u64,
+    started: Instant,
+}
+
+impl EngineCore {
+    /// An engine core over a started executor and a scheduler sized to its
+    /// KV cache.
+    pub fn new(scheduler: Scheduler, executor: Box<dyn Executor>) -> EngineCore {
+        EngineCore {
+            scheduler,
+            executor,
+            outputs: Vec::new(),
+            last_timings: StepTimings::default(),
+            num_prompt_tokens: 0,
+            num_generation_tokens: 0,
+            started: Instant::now(),
+        }
+    }
+
+    /// Queues a request; an impossible one is refused at once with the reason.
+    pub fn add_request(&mut self, req: EngineCoreRequest) -> Result<(), SchedulerError> {
+        let arrival = self.started.elapsed().as_secs_f64();
+        let prompt_len = req.prompt_token_ids.len() as u64;
+        self.scheduler.add_request(Request::new(
+            req.request_id,
+            req.prompt_token_ids,
+            req.sampling_params,
+            arrival,
+            req.priority,
+        ))?;
+        self.num_prompt_tokens += prompt_len;
+        Ok(())
+    }
+
+    /// Aborts requests (unknown or finished ids are ignored: aborts are
+    /// idempotent). Their blocks are freed now; the worker forgets them at
+    /// the next step.
+    pub fn abort_requests(&mut self, request_ids: &[String]) {
+        for id in request_ids {
+            self.scheduler.abort_request(id);
+        }
+    }
+
+    /// True while a step has something to do.
+    pub fn has_work(&self) -> bool {
+        self.scheduler.has_unfinished_requests() || self.scheduler.has_finished_requests()
+    }
+
+    /// Runs one step and returns what each scheduled request produced.
+    pub fn step(&mut self) -> Result<Vec<EngineCoreOutput>, EngineError> {
+        let t0 = Instant::now();
+        let so: SchedulerOutput = self.scheduler.schedule();
+        let t1 = Instant::now();
+        let sampled = if so.is_empty() && so.finished_req_ids.is_empty() {
+            Vec::new()
+        } else {
+            self.executor.execute_model(&so)?
+        };
+        let t2 = Instant::now();
+        self.scheduler.update_from_output_into(&so, &sampled, &mut self.outputs);
+        let t3 = Instant::now();
+        self.last_timings = StepTimings {
+            schedule_s: (t1 - t0).as_secs_f64(),
+            execute_s: (t2 - t1).as_secs_f64(),
+            update_s: (t3 - t2).as_secs_f64(),
+        };
+        let mut out = Vec::with_capacity(self.outputs.len());
+        for o in &self.outputs {
+            self.num_generation_tokens += o.new_token_ids.len() as u64;
+            let request_id = self.scheduler.request_id(o.handle).unwrap_or_default().to_string();
+            out.push(EngineCoreOutput {
+                request_id,
+                new_token_ids: o.new_token_ids.to_vec(),
+                finish_reason: o.finish_reason,
+                num_cached_tokens: o.num_cached_tokens,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The scheduler's counters.
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            scheduler: self.scheduler.make_stats(),
+            num_prompt_tokens: self.num_prompt_tokens,
+            num_generation_tokens: self.num_generation_tokens,
+            last_step: self.last_timings,
+        }
+    }
+
+    /// Forgets every cached prefix (a utility call, e.g. after new weights).
+    pub fn reset_prefix_cache(&mut self) {
+        self.scheduler.reset_prefix_cache();
+    }
+
+    /// The scheduler (read-only), for invariant checks in tests.
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+}
+
+/// Counters for the metrics endpoint.
+#[derive(Clone, Debug)]
+pub struct EngineStats {
+    /// Running / waiting counts, KV usage, prefix-cache hits, preemptions.
+    pub scheduler: SchedulerStats,
+    /// Prompt tokens of all requests admitted.
+    pub num_prompt_tokens: u64,
+    /// Tokens generated.
+    pub num_generation_tokens: u64,
+    /// Timings of the latest step.
+    pub last_step: StepTimings,
+}

@@ -1,0 +1,134 @@
+//! The worker's persistent batch (vLLM's `InputBatch` + `CachedRequestState`):
+//! per-request state kept across steps, updated by each [`SchedulerOutput`]'s
+//! deltas, turned into the flattened [`ModelInput`] of a step, and sampled.
+//!
+//! The worker owns the sampled tokens: a request's next decode input is the
+//! token this batch sampled for it, so the scheduler only ever sends deltas
+//! (new requests, new blocks, token counts), never whole token lists again.
+
+use thiserror::Error;
+
+use crate::model_runner::{Logits, ModelInput, SeqInput};
+use crate::sampling::{RequestSampler, SamplingParams};
+use crate::scheduler::{ReqHandle, SchedulerOutput};
+
+/// A scheduler output that does not fit the worker's state: a protocol bug
+/// between the scheduler and the worker, reported instead of panicking.
+#[derive(Debug, Error)]
+#[error("scheduler output does not match the worker's batch: {0}")]
+pub struct BatchError(String);
+
+/// What the worker keeps of one request between steps.
+struct CachedRequestState {
+    /// Prompt then output tokens.
+    token_ids: Vec<u32>,
+    /// Tokens in the KV cache before this step, as the scheduler last said.
+    num_computed_tokens: usize,
+    block_ids: Vec<u32>,
+    params: SamplingParams,
+    sampler: RequestSampler,
+}
+
+/// The requests of the step being run, in `num_scheduled_tokens` order: which
+/// rows of the logits get a token sampled.
+#[derive(Debug, Default)]
+pub struct StepPlan {
+    /// Each scheduled request and whether it reached the end of its known
+    /// tokens this step (a finished prefill or a decode), so it samples.
+    rows: Vec<(ReqHandle, bool)>,
+}
+
+/// The persistent batch.
+pub struct InputBatch {
+    /// Indexed by handle.
+    requests: Vec<Option<CachedRequestState>>,
+    eos_token_id: Option<u32>,
+}
+
+impl InputBatch {
+    /// An empty batch; `eos_token_id` is masked while a request is below its
+    /// `min_tokens`.
+    pub fn new(eos_token_id: Option<u32>) -> InputBatch {
+        InputBatch { requests: Vec::new(), eos_token_id }
+    }
+
+    /// Applies `so`'s deltas (in the order its contract states) and builds the
+    /// step's model input into `input`.
+    pub fn prepare(&mut self, so: &SchedulerOutput, input: &mut ModelInput) -> Result<StepPlan, BatchError> {
+        for h in &so.finished_req_ids {
+            if let Some(slot) = self.requests.get_mut(h.index()) {
+                *slot = None;
+            }
+        }
+        for new in &so.scheduled_new_reqs {
+            let i = new.handle.index();
+            if i >= self.requests.len() {
+                self.requests.resize_with(i + 1, || None);
+            }
+            let sampler = RequestSampler::new(&new.sampling_params, &new.prompt_token_ids, self.eos_token_id);
+            self.requests[i] = Some(CachedRequestState {
+                token_ids: new.prompt_token_ids.clone(),
+                num_computed_tokens: new.num_computed_tokens as usize,
+                block_ids: new.block_ids.clone(),
+                params: new.sampling_params.clone(),
+                sampler,
+            });
+        }
+        let cached = &so.scheduled_cached_reqs;
+        for i in 0..cached.len() {
+            let req = self.get_mut(cached.handles[i])?;
+            req.num_computed_tokens = cached.num_computed_tokens[i] as usize;
+            if cached.resumed_from_preemption[i] {
+                req.block_ids.clear();
+            }
+            req.block_ids.extend_from_slice(cached.new_block_ids(i));
+        }
+
+        input.token_ids.clear();
+        input.positions.clear();
+        input.seqs.clear();
+        let mut plan = StepPlan::default();
+        for &(h, n) in &so.num_scheduled_tokens {
+            let req = self.get_mut(h)?;
+            let start = req.num_computed_tokens;
+            let end = start + n as usize;
+            if n == 0 || end > req.token_ids.len() {
+                return Err(BatchError(format!(
+                    "request {h:?}: tokens {start}..{end} scheduled but {} are known",
+                    req.token_ids.len()
+                )));
+            }
+            input.token_ids.extend_from_slice(&req.token_ids[start..end]);
+            input.positions.extend(start as u32..end as u32);
+            input.seqs.push(SeqInput { query_len: n as usize, context_len: end, block_table: req.block_ids.clone() });
+            plan.rows.push((h, end == req.token_ids.len()));
+        }
+        Ok(plan)
+    }
+
+    /// Samples one token for every request of `plan` that reached the end of
+    /// its known tokens, appends it to the request, and returns
+    /// `(handle, token)` pairs in the plan's order.
+    pub fn sample(&mut self, plan: &StepPlan, logits: &mut Logits) -> Result<Vec<(ReqHandle, [u32; 1])>, BatchError> {
+        let vocab = logits.vocab_size;
+        let mut sampled = Vec::with_capacity(plan.rows.len());
+        for (row, &(h, samples)) in plan.rows.iter().enumerate() {
+            if !samples {
+                continue;
+            }
+            let req = self.get_mut(h)?;
+            let logits_row = &mut logits.data[row * vocab..(row + 1) * vocab];
+            let token = req.sampler.sample(logits_row, &req.params).token;
+            req.token_ids.push(token);
+            sampled.push((h, [token]));
+        }
+        Ok(sampled)
+    }
+
+    fn get_mut(&mut self, h: ReqHandle) -> Result<&mut CachedRequestState, BatchError> {
+        self.requests
+            .get_mut(h.index())
+            .and_then(Option::as_mut)
+            .ok_or_else(|| BatchError(format!("request {h:?} is not in the batch")))
+    }
+}
