@@ -11,11 +11,11 @@ if [ -x "$dest/bin/llama-bench" ] && [ -x "$dest/bin/llama-batched-bench" ] && [
     echo "llama.cpp: $dest/bin (present)"
     exit 0
 fi
-command -v cmake >/dev/null || python3 -m pip install --quiet cmake
+command -v cmake >/dev/null || { apt-get update -qq && apt-get install -y -qq cmake; }
 mkdir -p "$dest"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-python3 -m pip download --quiet --no-deps --no-binary :all: --dest "$tmp" "llama-cpp-python==$version"
+python3 -m pip download --quiet --no-deps --no-binary llama-cpp-python --dest "$tmp" "llama-cpp-python==$version"
 tar -xzf "$tmp"/llama_cpp_python-*.tar.gz -C "$tmp"
 src=$(echo "$tmp"/llama_cpp_python-*/vendor/llama.cpp)
 cmake -S "$src" -B "$tmp/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=ON \
