@@ -253,17 +253,18 @@ fn prefill_logits_match_the_reference_to_float_rounding() {
 }
 
 /// The serving path: one prompt per step with the kernels' automatic
-/// choice, which for a short prompt and for the LM head (one row per
-/// sequence) multiplies 8-bit quantized activations (Q8_0: blocks of 32
-/// rounded to steps of max|x| / 127). That rounding, summed over each dot
-/// product and compounded over 30 layers, measured at most 2.2% of the
-/// logit range on these prompts (a prompt shorter than the kernels' GEMM
-/// threshold quantizes every layer); the bound is 3%. A modelling bug (RoPE
-/// pairing, head mapping, a position off by one) moves logits by well over
-/// 10% of the range. The exact check is the f32 test above.
+/// choice, which for quantized weights multiplies 8-bit quantized
+/// activations (Q8_0: blocks of 32 rounded to steps of max|x| / 127) in
+/// every layer and the LM head, whatever the prompt length. That rounding,
+/// summed over each dot product and compounded over 30 layers, measured at
+/// most 3.3% of the logit range on these prompts (the max over all 49152
+/// logits); the bound is 4%. A modelling bug (RoPE pairing, head mapping, a
+/// position off by one) moves logits by well over 10% of the range. The
+/// exact check is the f32 test above.
 #[test]
 fn first_token_logits_agree_with_the_reference() {
-    const REL_TOL: f32 = 0.03;
+    const REL_TOL: f32 = 0.04;
+    const TOP_TOL: f32 = 1.0;
     let expected = reference();
     let mut r = runner(MatmulPath::Auto);
     let mut decisive = 0;
@@ -273,11 +274,14 @@ fn first_token_logits_agree_with_the_reference() {
         let err = max_abs_diff(&e.logits, &got);
         assert!(
             err <= tol,
-            "prompt {i}: max |logit error| {err:.3} exceeds {tol:.3} (3% of the logit range)"
+            "prompt {i}: max |logit error| {err:.3} exceeds {tol:.3} (4% of the logit range)"
         );
-        // Within ±tol per logit the top-1 can only change when the
-        // reference's top two are less than 2·tol apart.
-        if e.margins[0] > 2.0 * tol {
+        // The top-1 can only change when the error on the reference's best
+        // candidates exceeds half the reference's top-2 margin. That error
+        // is bounded by TOP_TOL on the 8 best logits (measured below 1.0).
+        let top_err = e.top[0].iter().map(|&(t, l)| (got[t as usize] - l).abs()).fold(0.0, f32::max);
+        assert!(top_err <= TOP_TOL, "prompt {i}: the best logits differ by {top_err:.3} (> {TOP_TOL})");
+        if e.margins[0] > 2.0 * TOP_TOL {
             decisive += 1;
             assert_eq!(
                 argmax(&got),

@@ -125,8 +125,8 @@ fn shapes(c: &mut Criterion) {
     group.finish();
 }
 
-/// Both kernel families over a range of batch sizes, to place
-/// `GEMM_MIN_TOKENS`.
+/// Both kernel families over a range of batch sizes: the price of using the
+/// batch-invariant integer kernels for prefill too (see `MatmulPath::Auto`).
 fn crossover(c: &mut Criterion) {
     let pool = ThreadPool::new(threads());
     let mut rng = Rng(0xC055);

@@ -10,13 +10,6 @@ use super::quant::Q8Acts;
 use super::weights::Packed;
 use super::{OutPtr, ThreadPool, WeightMatrix};
 
-/// Batches of at least this many tokens use the dequantize-to-f32 GEMM;
-/// smaller ones the fused integer kernels. Measured with
-/// `cargo bench -p host --bench kernels -- crossover` on the 2-core AVX2
-/// VM (1536x576 Q4_1): integer 1.47 ms vs GEMM 1.60 ms at 24 tokens,
-/// 2.02 ms vs 1.76 ms at 32.
-pub const GEMM_MIN_TOKENS: usize = 32;
-
 thread_local! {
     /// The caller's quantized activations, reused across calls.
     static ACTS: RefCell<Q8Acts> = RefCell::new(Q8Acts::default());
@@ -25,7 +18,14 @@ thread_local! {
 /// Which kernel family computes a [`matmul_with`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatmulPath {
-    /// Integer kernels below [`GEMM_MIN_TOKENS`] tokens, else the GEMM.
+    /// Quantized weights: the integer kernels at every batch size. Their
+    /// result for a token does not depend on the other tokens of the batch
+    /// (per-token 8-bit activations, exact integer block sums, a fixed
+    /// accumulation order), so continuous batching, chunked prefill and
+    /// preemption by recompute reproduce one-at-a-time outputs exactly.
+    /// Choosing the GEMM for large batches broke that: a decode batched
+    /// with a prefill got f32 arithmetic, alone 8-bit, and greedy outputs
+    /// diverged at near-ties (tests/engine.rs). Float weights: the GEMM.
     Auto,
     /// Fused integer dequantize-dot kernels (quantized weights only; float
     /// weights use the GEMM).
@@ -68,12 +68,7 @@ pub fn matmul_with(
     }
     let out = OutPtr::new(out);
     let quantized = matches!(w.data, Packed::Q4 { .. } | Packed::Q8 { .. });
-    let integer = quantized
-        && match path {
-            MatmulPath::Auto => n_tokens < GEMM_MIN_TOKENS,
-            MatmulPath::Integer => true,
-            MatmulPath::Gemm => false,
-        };
+    let integer = quantized && path != MatmulPath::Gemm;
     if integer {
         ACTS.with(|acts| {
             let mut acts = acts.borrow_mut();
@@ -201,11 +196,7 @@ mod tests {
                         for path in [MatmulPath::Auto, MatmulPath::Integer, MatmulPath::Gemm] {
                             let mut got = vec![f32::NAN; n * rows];
                             matmul_with(pool, &w, &x, n, &mut got, path);
-                            let integer = match path {
-                                MatmulPath::Auto => n < GEMM_MIN_TOKENS,
-                                MatmulPath::Integer => true,
-                                MatmulPath::Gemm => false,
-                            } && dtype.block_len() == 32;
+                            let integer = path != MatmulPath::Gemm && dtype.block_len() == 32;
                             // The integer path sees 8-bit activations: compare
                             // it with the reference on those exact values.
                             let want = if integer { &want_q8 } else { &want };

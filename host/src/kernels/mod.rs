@@ -2,10 +2,11 @@
 //! core of the CPU model runner.
 //!
 //! - [`matmul`] multiplies a [`WeightMatrix`] (repacked at load time) by a
-//!   batch of activation rows. Few tokens (decode) use fused integer
-//!   dequantize-dot kernels on the quantized weights; many tokens (prefill)
-//!   dequantize 16-row panels to f32 once and run a register-blocked FMA
-//!   microkernel over the whole batch.
+//!   batch of activation rows. Quantized weights use fused integer
+//!   dequantize-dot kernels at every batch size, which keeps each token's
+//!   result independent of its batch (see [`MatmulPath::Auto`]); float
+//!   weights dequantize 16-row panels to f32 once and run a
+//!   register-blocked FMA microkernel over the whole batch.
 //! - [`rms_norm`], [`silu_mul`], [`softmax_inplace`], [`dot`], [`axpy`] and
 //!   [`RopeTable`] are the per-row pieces of a llama block.
 //! - [`ThreadPool`] runs a parallel section on all cores with ~1 µs
@@ -30,7 +31,7 @@ mod testutil;
 mod vector;
 mod weights;
 
-pub use matmul::{matmul, matmul_with, MatmulPath, GEMM_MIN_TOKENS};
+pub use matmul::{matmul, matmul_with, MatmulPath};
 pub use pool::{ThreadPool, SPIN_WINDOW};
 pub use rope::RopeTable;
 pub use vector::{axpy, dot, rms_norm, silu_mul, softmax_inplace};

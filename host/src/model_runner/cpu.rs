@@ -27,9 +27,9 @@ pub struct RunnerConfig {
     pub max_model_len: usize,
     /// Token slots per KV-cache block.
     pub block_size: usize,
-    /// Which matmul kernels to use: `Auto` (8-bit activations for small
-    /// steps, f32 GEMM for large ones) in production; tests force one
-    /// family so that runs of different batch shapes do the same arithmetic.
+    /// Which matmul kernels to use: `Auto` in production (batch-invariant
+    /// 8-bit kernels for quantized weights); tests force the f32 GEMM to
+    /// compare with the reference at full precision.
     pub matmul_path: MatmulPath,
 }
 
