@@ -100,7 +100,7 @@ fn path(p: &Path) -> &str {
 fn bad_sampling_values_name_the_field() {
     let out = host(&["generate", "--prompt", "hi", "--top-p", "1.5"]);
     assert_clear_error(&out, &["top_p", "1.5"]);
-    let out = host(&["generate", "--prompt", "hi", "--temperature", "-1"]);
+    let out = host(&["generate", "--prompt", "hi", "--temperature=-1"]);
     assert_clear_error(&out, &["temperature"]);
 }
 

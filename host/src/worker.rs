@@ -268,18 +268,14 @@ impl Worker {
         let plan = self.input_batch.prepare(so, &mut self.step_input)?;
         self.pending = None;
         if !self.step_input.seqs.is_empty() {
-            let logits = self.execute_model_input_owned()?;
+            let runner = self
+                .runner
+                .as_mut()
+                .ok_or(WorkerError::OutOfOrder { called: "execute_model", missing: "load_model" })?;
+            let logits = runner.execute_model(&self.step_input)?;
             self.pending = Some((plan, logits));
         }
         Ok(())
-    }
-
-    fn execute_model_input_owned(&mut self) -> Result<Logits, WorkerError> {
-        let runner = self.runner.as_mut().ok_or(WorkerError::OutOfOrder {
-            called: "execute_model",
-            missing: "load_model",
-        })?;
-        Ok(runner.execute_model(&self.step_input)?)
     }
 
     /// Samples the step [`Worker::execute_model`] ran: one token for each
