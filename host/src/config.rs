@@ -82,7 +82,8 @@ pub struct SchedulerConfig {
     pub long_prefill_token_threshold: usize,
     /// The scheduling policy by qualified name.
     pub policy: String,
-    /// Schedule step N+1 while step N runs.
+    /// Schedule step N+1 while step N runs (accepted; steps are synchronous
+    /// until the engine-core busy loop lands).
     pub async_scheduling: bool,
 }
 
