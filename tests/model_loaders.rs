@@ -9,7 +9,7 @@ use e2e::{default_model, run_python};
 use host::model::dequant::dequantize;
 use host::model::gguf::{ggml_type_id, GgufFile, Value};
 use host::model::quant::quantize;
-use host::model::{load, DType, LlamaConfig, LoadFormat, ModelWeights, Tensor};
+use host::model::{load, DType, LlamaConfig, LoadFormat};
 use serde_json::Value as Json;
 
 fn smollm2_config() -> LlamaConfig {
@@ -168,25 +168,6 @@ fn gguf_agrees_with_python_gguf_reader() {
     }
 }
 
-fn tensors(w: &ModelWeights) -> Vec<&Tensor> {
-    let mut all = vec![&w.embed, &w.final_norm];
-    all.extend(&w.lm_head);
-    for l in &w.layers {
-        all.extend([
-            &l.attn_norm,
-            &l.wq,
-            &l.wk,
-            &l.wv,
-            &l.wo,
-            &l.ffn_norm,
-            &l.w_gate,
-            &l.w_up,
-            &l.w_down,
-        ]);
-    }
-    all
-}
-
 /// Converts the real GGUF to a Hugging Face checkpoint in Python, loads
 /// both, and checks every tensor agrees after dequantization (`round`
 /// models the checkpoint's precision).
@@ -207,7 +188,7 @@ fn check_converted(dtype: &str, shards: &str, round: fn(f32) -> f32, stored: DTy
     assert_eq!(hf.config, gguf.config);
     assert_eq!(hf.layers[3].wq.dtype, stored);
     assert_eq!(hf.final_norm.dtype, DType::F32);
-    let (a, b) = (tensors(&gguf), tensors(&hf));
+    let (a, b) = (gguf.tensors(), hf.tensors());
     assert_eq!(a.len(), b.len());
     for (g, h) in a.into_iter().zip(b) {
         assert_eq!((&g.name, &g.shape), (&h.name, &h.shape));

@@ -186,6 +186,17 @@ pub struct ModelWeights {
 }
 
 impl ModelWeights {
+    /// Every tensor: embedding, final norm, `lm_head` if any, then each
+    /// layer's tensors in order.
+    pub fn tensors(&self) -> Vec<&Tensor> {
+        let mut all = vec![&self.embed, &self.final_norm];
+        all.extend(&self.lm_head);
+        for l in &self.layers {
+            all.extend([&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down]);
+        }
+        all
+    }
+
     /// The output projection: `lm_head`, or the embedding when tied.
     pub fn output(&self) -> &Tensor {
         self.lm_head.as_ref().unwrap_or(&self.embed)

@@ -169,22 +169,7 @@ impl GgufWriter {
                 Value::F32(c.rms_norm_eps),
             )
             .kv("llama.context_length", u32v(c.max_position_embeddings));
-        let mut tensors = vec![&w.embed, &w.final_norm];
-        tensors.extend(&w.lm_head);
-        for l in &w.layers {
-            tensors.extend([
-                &l.attn_norm,
-                &l.wq,
-                &l.wk,
-                &l.wv,
-                &l.wo,
-                &l.ffn_norm,
-                &l.w_gate,
-                &l.w_up,
-                &l.w_down,
-            ]);
-        }
-        for t in tensors {
+        for t in w.tensors() {
             let ne: Vec<u64> = t.shape.iter().rev().map(|&d| d as u64).collect();
             g.tensor(
                 &t.name,
