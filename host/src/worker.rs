@@ -22,7 +22,7 @@ use crate::scheduler::{ReqHandle, SchedulerOutput};
 use input_batch::{BatchError, InputBatch, StepPlan};
 use crate::model::{self, LlamaConfig, LoadFormat, ModelError};
 use crate::model_runner::{
-    CpuModelRunner, Logits, ModelInput, RunnerConfig, RunnerError, SeqInput,
+    CpuModelRunner, Logits, ModelInput, RunnerConfig, RunnerError,
 };
 
 /// Everything a worker needs to know before it starts.
@@ -234,15 +234,7 @@ impl Worker {
             .min(self.config.max_num_batched_tokens)
             .min(num_blocks * block_size)
             .min(runner.runner_config().max_model_len);
-        let input = ModelInput {
-            token_ids: vec![0; n],
-            positions: (0..n as u32).collect(),
-            seqs: vec![SeqInput {
-                query_len: n,
-                context_len: n,
-                block_table: (0..n.div_ceil(block_size) as u32).collect(),
-            }],
-        };
+        let input = ModelInput::single(&vec![0; n], 0, (0..n.div_ceil(block_size) as u32).collect());
         runner.execute_model(&input)?;
         Ok(())
     }

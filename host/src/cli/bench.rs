@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::engine::startup;
 use crate::config::EngineConfig;
-use crate::model_runner::{ModelInput, SeqInput};
+use crate::model_runner::ModelInput;
 
 /// Flags of `host bench`.
 #[derive(Debug, Args)]
@@ -59,25 +59,19 @@ pub fn run(config: &EngineConfig, args: &BenchArgs) -> anyhow::Result<()> {
     let table: Vec<u32> = (0..blocks as u32).collect();
     // Fixed pseudo-random token ids: the speed does not depend on them.
     let tokens: Vec<u32> = (0..longest as u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % vocab).collect();
-    let seq = |query_len, context_len| SeqInput { query_len, context_len, block_table: table.clone() };
 
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
     for rep in 0..=args.repetitions {
         let n = args.prompt_tokens;
-        let input = ModelInput {
-            token_ids: tokens[..n].to_vec(),
-            positions: (0..n as u32).collect(),
-            seqs: vec![seq(n, n)],
-        };
+        let input = ModelInput::single(&tokens[..n], 0, table.clone());
         let t = Instant::now();
         session.worker.execute_model_input(&input)?;
         let pp = n as f64 / t.elapsed().as_secs_f64();
 
         let t = Instant::now();
         for i in 0..args.gen_tokens {
-            let input =
-                ModelInput { token_ids: vec![tokens[i]], positions: vec![i as u32], seqs: vec![seq(1, i + 1)] };
+            let input = ModelInput::single(&tokens[i..=i], i, table.clone());
             session.worker.execute_model_input(&input)?;
         }
         let tg = args.gen_tokens as f64 / t.elapsed().as_secs_f64();

@@ -24,8 +24,7 @@ pub struct EngineCoreRequest {
     pub prompt_token_ids: Vec<u32>,
     /// How to sample.
     pub sampling_params: SamplingParams,
-    /// Larger runs first under the priority policy (vLLM: smaller value = earlier;
-    /// see the policy's docs).
+    /// Under the priority policy a smaller value runs first (as in vLLM).
     pub priority: i32,
 }
 

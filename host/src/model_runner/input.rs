@@ -29,6 +29,19 @@ pub struct ModelInput {
     pub seqs: Vec<SeqInput>,
 }
 
+impl ModelInput {
+    /// One sequence's step: `tokens` at positions `start..`, after `start`
+    /// tokens already in the cache, reading it through `block_table`.
+    pub fn single(tokens: &[u32], start: usize, block_table: Vec<u32>) -> ModelInput {
+        let end = start + tokens.len();
+        ModelInput {
+            token_ids: tokens.to_vec(),
+            positions: (start as u32..end as u32).collect(),
+            seqs: vec![SeqInput { query_len: tokens.len(), context_len: end, block_table }],
+        }
+    }
+}
+
 /// The limits a batch is checked against.
 pub(crate) struct Limits {
     /// Vocabulary size (token ids must be smaller).
