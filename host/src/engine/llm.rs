@@ -8,11 +8,10 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::core::{EngineCore, EngineCoreRequest, EngineStats};
-use super::executor::executor_for;
 use super::startup;
 use crate::config::EngineConfig;
 use crate::sampling::{SamplingParams, StopChecker};
-use crate::scheduler::{self, Scheduler};
+use crate::scheduler;
 use crate::tokenizer::{ChatMessage, IncrementalDetokenizer, Tokenizer};
 
 /// What to complete.
@@ -82,23 +81,8 @@ pub struct Llm {
 impl Llm {
     /// Loads the model and starts the engine the configuration describes.
     pub fn new(config: &EngineConfig) -> anyhow::Result<Llm> {
-        let started = startup::start(config)?;
-        let max_model_len = started.worker.max_model_len()?;
-        let sched = &config.scheduler;
-        let scheduler = Scheduler::new(scheduler::SchedulerConfig {
-            max_num_seqs: u32::try_from(sched.max_num_seqs)?,
-            max_num_batched_tokens: u32::try_from(sched.max_num_batched_tokens)?,
-            max_model_len: u32::try_from(max_model_len)?,
-            long_prefill_token_threshold: u32::try_from(sched.long_prefill_token_threshold)?,
-            enable_chunked_prefill: sched.enable_chunked_prefill,
-            block_size: u32::try_from(config.cache.block_size)?,
-            num_blocks: u32::try_from(started.num_blocks)?,
-            enable_prefix_caching: config.cache.enable_prefix_caching,
-            eos_token_id: started.tokenizer.eos_token_id(),
-            policy: sched.policy.clone(),
-        })?;
-        let executor = executor_for(&config.parallel.distributed_executor_backend, started.worker)?;
-        Ok(Llm { core: EngineCore::new(scheduler, executor), tokenizer: started.tokenizer, next_id: 0 })
+        let (core, tokenizer) = startup::build_engine_core(config)?;
+        Ok(Llm { core, tokenizer, next_id: 0 })
     }
 
     /// The tokenizer.

@@ -7,7 +7,10 @@ use std::time::Duration;
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 
+use super::core::EngineCore;
+use super::executor::executor_for;
 use crate::config::EngineConfig;
+use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::model::gguf::GgufFile;
 use crate::tokenizer::Tokenizer;
 use crate::worker::{Worker, WorkerConfig};
@@ -63,6 +66,29 @@ pub fn start(config: &EngineConfig) -> anyhow::Result<Started> {
     worker.compile_or_warm_up_model()?;
     spinner.finish_and_clear();
     Ok(Started { tokenizer, worker, num_blocks })
+}
+
+/// Starts the workers through the configured executor and sizes a scheduler
+/// to their KV cache: the engine core, ready to step, and the tokenizer the
+/// frontend needs.
+pub fn build_engine_core(config: &EngineConfig) -> anyhow::Result<(EngineCore, Tokenizer)> {
+    let started = start(config)?;
+    let max_model_len = started.worker.max_model_len()?;
+    let sched = &config.scheduler;
+    let scheduler = Scheduler::new(SchedulerConfig {
+        max_num_seqs: u32::try_from(sched.max_num_seqs)?,
+        max_num_batched_tokens: u32::try_from(sched.max_num_batched_tokens)?,
+        max_model_len: u32::try_from(max_model_len)?,
+        long_prefill_token_threshold: u32::try_from(sched.long_prefill_token_threshold)?,
+        enable_chunked_prefill: sched.enable_chunked_prefill,
+        block_size: u32::try_from(config.cache.block_size)?,
+        num_blocks: u32::try_from(started.num_blocks)?,
+        enable_prefix_caching: config.cache.enable_prefix_caching,
+        eos_token_id: started.tokenizer.eos_token_id(),
+        policy: sched.policy.clone(),
+    })?;
+    let executor = executor_for(&config.parallel.distributed_executor_backend, started.worker)?;
+    Ok((EngineCore::new(scheduler, executor), started.tokenizer))
 }
 
 /// The tokenizer: an explicit `tokenizer.json`, the one beside a Hugging
