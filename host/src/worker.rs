@@ -16,9 +16,12 @@ use std::sync::Arc;
 use thiserror::Error;
 
 mod input_batch;
+mod output;
+
+pub use output::{Logprobs, ModelRunnerOutput};
 
 use crate::kernels::{MatmulPath, ThreadPool};
-use crate::scheduler::{ReqHandle, SchedulerOutput};
+use crate::scheduler::SchedulerOutput;
 use input_batch::{BatchError, InputBatch, StepPlan};
 use crate::model::{self, LlamaConfig, LoadFormat, ModelError};
 use crate::model_runner::{
@@ -272,10 +275,10 @@ impl Worker {
 
     /// Samples the step [`Worker::execute_model`] ran: one token for each
     /// request that reached the end of its known tokens, as `(handle, [token])`.
-    pub fn sample_tokens(&mut self) -> Result<Vec<(ReqHandle, [u32; 1])>, WorkerError> {
+    pub fn sample_tokens(&mut self) -> Result<ModelRunnerOutput, WorkerError> {
         match self.pending.take() {
             Some((plan, mut logits)) => Ok(self.input_batch.sample(&plan, &mut logits)?),
-            None => Ok(Vec::new()),
+            None => Ok(ModelRunnerOutput::default()),
         }
     }
 }

@@ -11,6 +11,7 @@ use thiserror::Error;
 
 use super::executor::{Executor, ExecutorError};
 use crate::sampling::SamplingParams;
+use crate::worker::{Logprobs, ModelRunnerOutput};
 use crate::scheduler::{
     FinishReason, Request, RequestOutput, Scheduler, SchedulerError, SchedulerOutput, SchedulerStats,
 };
@@ -39,6 +40,9 @@ pub struct EngineCoreOutput {
     pub finish_reason: Option<FinishReason>,
     /// Prompt tokens served from the prefix cache.
     pub num_cached_tokens: u32,
+    /// Parallel to `new_token_ids` when the request asked for logprobs;
+    /// empty otherwise.
+    pub new_logprobs: Vec<Logprobs>,
 }
 
 /// Why the engine core cannot go on.
@@ -126,12 +130,12 @@ impl EngineCore {
         let so: SchedulerOutput = self.scheduler.schedule();
         let t1 = Instant::now();
         let sampled = if so.is_empty() && so.finished_req_ids.is_empty() {
-            Vec::new()
+            ModelRunnerOutput::default()
         } else {
             self.executor.execute_model(&so)?
         };
         let t2 = Instant::now();
-        self.scheduler.update_from_output_into(&so, &sampled, &mut self.outputs);
+        self.scheduler.update_from_output_into(&so, &sampled.sampled, &mut self.outputs);
         let t3 = Instant::now();
         self.last_timings = StepTimings {
             schedule_s: (t1 - t0).as_secs_f64(),
@@ -147,6 +151,7 @@ impl EngineCore {
                 new_token_ids: o.new_token_ids.to_vec(),
                 finish_reason: o.finish_reason,
                 num_cached_tokens: o.num_cached_tokens,
+                new_logprobs: sampled.logprobs_of(o.handle).cloned().into_iter().collect(),
             });
         }
         Ok(out)

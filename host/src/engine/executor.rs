@@ -5,8 +5,8 @@
 use thiserror::Error;
 
 use crate::config::EXECUTOR_BACKENDS;
-use crate::scheduler::{ReqHandle, SchedulerOutput};
-use crate::worker::{Worker, WorkerError};
+use crate::scheduler::SchedulerOutput;
+use crate::worker::{ModelRunnerOutput, Worker, WorkerError};
 
 /// A failure of the executor or a worker; the engine cannot go on after it.
 #[derive(Debug, Error)]
@@ -32,7 +32,7 @@ pub trait Executor: Send {
     /// Runs the step `so` describes on every worker and returns the tokens
     /// sampled for the requests that reached the end of their known tokens
     /// (vLLM's `execute_model` followed by `sample_tokens`).
-    fn execute_model(&mut self, so: &SchedulerOutput) -> Result<Vec<(ReqHandle, [u32; 1])>, ExecutorError>;
+    fn execute_model(&mut self, so: &SchedulerOutput) -> Result<ModelRunnerOutput, ExecutorError>;
 }
 
 /// The worker in the engine's process.
@@ -52,7 +52,7 @@ impl Executor for UniProcExecutor {
         "uni"
     }
 
-    fn execute_model(&mut self, so: &SchedulerOutput) -> Result<Vec<(ReqHandle, [u32; 1])>, ExecutorError> {
+    fn execute_model(&mut self, so: &SchedulerOutput) -> Result<ModelRunnerOutput, ExecutorError> {
         let wrap = |source| ExecutorError::Worker { rank: 0, source };
         self.worker.execute_model(so).map_err(wrap)?;
         self.worker.sample_tokens().map_err(wrap)

@@ -10,6 +10,7 @@ use thiserror::Error;
 
 use crate::model_runner::{Logits, ModelInput, SeqInput};
 use crate::sampling::{RequestSampler, SamplingParams};
+use super::output::{Logprobs, ModelRunnerOutput};
 use crate::scheduler::{ReqHandle, SchedulerOutput};
 
 /// A scheduler output that does not fit the worker's state: a protocol bug
@@ -109,20 +110,28 @@ impl InputBatch {
     /// Samples one token for every request of `plan` that reached the end of
     /// its known tokens, appends it to the request, and returns
     /// `(handle, token)` pairs in the plan's order.
-    pub fn sample(&mut self, plan: &StepPlan, logits: &mut Logits) -> Result<Vec<(ReqHandle, [u32; 1])>, BatchError> {
+    pub fn sample(&mut self, plan: &StepPlan, logits: &mut Logits) -> Result<ModelRunnerOutput, BatchError> {
         let vocab = logits.vocab_size;
-        let mut sampled = Vec::with_capacity(plan.rows.len());
+        let mut out = ModelRunnerOutput {
+            sampled: Vec::with_capacity(plan.rows.len()),
+            logprobs: Vec::with_capacity(plan.rows.len()),
+        };
         for (row, &(h, samples)) in plan.rows.iter().enumerate() {
             if !samples {
                 continue;
             }
             let req = self.get_mut(h)?;
             let logits_row = &mut logits.data[row * vocab..(row + 1) * vocab];
-            let token = req.sampler.sample(logits_row, &req.params).token;
-            req.token_ids.push(token);
-            sampled.push((h, [token]));
+            let sampled = req.sampler.sample(logits_row, &req.params);
+            req.token_ids.push(sampled.token);
+            out.sampled.push((h, [sampled.token]));
+            out.logprobs.push(
+                req.params
+                    .logprobs
+                    .map(|_| Logprobs { logprob: sampled.logprob, top: sampled.top_logprobs }),
+            );
         }
-        Ok(sampled)
+        Ok(out)
     }
 
     fn get_mut(&mut self, h: ReqHandle) -> Result<&mut CachedRequestState, BatchError> {
