@@ -172,11 +172,30 @@ pub struct ServerConfig {
     pub port: u16,
     /// Require `Authorization: Bearer <api_key>` when set.
     pub api_key: Option<String>,
+    /// The model id clients send and `/v1/models` lists; empty takes the
+    /// model file's name without its extension.
+    pub served_model_name: String,
+    /// Largest request body accepted, in bytes (larger: HTTP 413).
+    pub max_body_bytes: usize,
+    /// Serve `POST /collective_rpc`, which calls worker(-extension) methods
+    /// by name. Off by default: it reaches into the workers.
+    pub enable_rpc_endpoint: bool,
+    /// On SIGTERM / Ctrl-C: `true` lets running requests finish (new ones
+    /// get 503), `false` aborts them at once.
+    pub drain_on_shutdown: bool,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig { host: "127.0.0.1".into(), port: 8000, api_key: None }
+        ServerConfig {
+            host: "127.0.0.1".into(),
+            port: 8000,
+            api_key: None,
+            served_model_name: String::new(),
+            max_body_bytes: 4 << 20,
+            enable_rpc_endpoint: false,
+            drain_on_shutdown: true,
+        }
     }
 }
 
@@ -284,6 +303,9 @@ impl EngineConfig {
                     self.parallel.tensor_parallel_size
                 ),
             );
+        }
+        if self.server.max_body_bytes == 0 {
+            return invalid("server.max_body_bytes", "must be more than 0".into());
         }
         if !WORKER_CLASSES.contains(&self.worker.cls.as_str()) {
             return invalid(
