@@ -127,11 +127,29 @@ pub struct ParallelConfig {
     /// The executor backend: `uni` (worker in the engine process) or `mp`
     /// (one worker process per rank).
     pub distributed_executor_backend: String,
+    /// `mp`: the `host` binary to start worker processes from; unset uses
+    /// this program (or a `host` beside it).
+    pub worker_executable: Option<PathBuf>,
+    /// `mp`: seconds a worker may take to load its model and report READY.
+    pub worker_start_timeout_s: f64,
+    /// `mp`: seconds workers get to exit after their death pipe closes,
+    /// before SIGTERM (then 4 s more before SIGKILL).
+    pub worker_shutdown_timeout_s: f64,
+    /// `mp`: seconds one step's calls may take before they fail (vLLM's
+    /// `VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`).
+    pub execute_model_timeout_s: f64,
 }
 
 impl Default for ParallelConfig {
     fn default() -> Self {
-        ParallelConfig { tensor_parallel_size: 1, distributed_executor_backend: "uni".into() }
+        ParallelConfig {
+            tensor_parallel_size: 1,
+            distributed_executor_backend: "uni".into(),
+            worker_executable: None,
+            worker_start_timeout_s: 600.0,
+            worker_shutdown_timeout_s: 5.0,
+            execute_model_timeout_s: 300.0,
+        }
     }
 }
 
@@ -238,7 +256,7 @@ pub enum ConfigError {
 }
 
 /// The executor backends known to this build.
-pub const EXECUTOR_BACKENDS: &[&str] = &["uni"];
+pub const EXECUTOR_BACKENDS: &[&str] = &["uni", "mp"];
 
 /// The built-in worker classes (`worker.cls`).
 pub const WORKER_CLASSES: &[&str] = &["auto", "cpu"];
@@ -287,6 +305,14 @@ impl EngineConfig {
         }
         if self.parallel.tensor_parallel_size == 0 {
             return invalid("parallel.tensor_parallel_size", "must be at least 1".into());
+        }
+        let seconds = [
+            ("parallel.worker_start_timeout_s", self.parallel.worker_start_timeout_s),
+            ("parallel.worker_shutdown_timeout_s", self.parallel.worker_shutdown_timeout_s),
+            ("parallel.execute_model_timeout_s", self.parallel.execute_model_timeout_s),
+        ];
+        if let Some((key, v)) = seconds.into_iter().find(|(_, v)| !(v.is_finite() && *v > 0.0 && *v < 1e9)) {
+            return invalid(key, format!("must be a positive number of seconds, got {v}"));
         }
         let backend = &self.parallel.distributed_executor_backend;
         if !EXECUTOR_BACKENDS.contains(&backend.as_str()) {
@@ -411,12 +437,19 @@ mod tests {
         let msg = EngineConfig::load(None, &["parallel.distributed_executor_backend=ray".into()])
             .unwrap_err()
             .to_string();
-        assert!(msg.contains("ray") && msg.contains("uni"), "{msg}");
+        assert!(msg.contains("ray") && msg.contains("uni") && msg.contains("mp"), "{msg}");
     }
 
     #[test]
     fn out_of_range_values_are_refused() {
-        for item in ["scheduler.max_num_seqs=0", "cache.block_size=0", "worker.cls=\"gpu9\""] {
+        for item in [
+            "scheduler.max_num_seqs=0",
+            "cache.block_size=0",
+            "worker.cls=\"gpu9\"",
+            "parallel.execute_model_timeout_s=0",
+            "parallel.worker_shutdown_timeout_s=-1",
+            "parallel.worker_start_timeout_s=nan",
+        ] {
             assert!(EngineConfig::load(None, &[item.to_string()]).is_err(), "{item}");
         }
     }

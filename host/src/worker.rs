@@ -17,8 +17,13 @@ use thiserror::Error;
 
 mod input_batch;
 mod output;
+pub mod proc;
+mod registry;
+mod rpc;
 
 pub use output::{Logprobs, ModelRunnerOutput};
+pub use registry::{DuplicateMethod, Handler, WorkerMethods};
+pub use rpc::{RpcReply, RpcRequest, RpcValue};
 
 use crate::kernels::{MatmulPath, ThreadPool};
 use crate::scheduler::SchedulerOutput;

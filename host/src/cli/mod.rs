@@ -32,6 +32,10 @@ enum Command {
     /// Inspect the configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// A worker process of the `mp` executor (started by the engine, which
+    /// writes its bootstrap on stdin).
+    #[command(hide = true)]
+    Worker,
 }
 
 #[derive(Debug, Subcommand)]
@@ -110,6 +114,7 @@ pub fn main() -> ExitCode {
             print!("{}", config.to_toml());
             Ok(())
         }
+        Command::Worker => crate::worker::proc::run(),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

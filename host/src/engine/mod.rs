@@ -7,5 +7,5 @@ mod llm;
 pub mod startup;
 
 pub use self::core::{EngineCore, EngineCoreOutput, EngineCoreRequest, EngineError, EngineStats, StepTimings};
-pub use executor::{executor_for, Executor, ExecutorError, UniProcExecutor};
+pub use executor::{executor_for, Executor, ExecutorError, MultiprocExecutor, RpcFuture, UniProcExecutor};
 pub use llm::{Completion, Finish, GenerateRequest, Llm, Prompt};

@@ -1,5 +1,11 @@
-//! Starting a worker and a tokenizer from the configuration, with a progress
+//! Start-up from the configuration: the tokenizer, the executor and its
+//! workers, and the KV cache sized over every worker; with a progress
 //! spinner while the model loads.
+//!
+//! The lifecycle after load_model runs as `collective_rpc` calls, the same
+//! for `uni` and `mp`: determine_available_memory and bytes_per_block on
+//! every rank (the engine takes the fewest blocks any worker can hold) →
+//! initialize_from_config → compile_or_warm_up_model.
 
 use std::path::Path;
 use std::time::Duration;
@@ -8,14 +14,15 @@ use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::core::EngineCore;
-use super::executor::executor_for;
+use super::executor::{executor_for, Executor, UniProcExecutor};
 use crate::config::EngineConfig;
-use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::model::gguf::GgufFile;
+use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::tokenizer::Tokenizer;
-use crate::worker::{Worker, WorkerConfig};
+use crate::worker::{proc::worker_config, RpcValue, Worker};
 
-/// A worker whose KV cache is allocated, and the model's tokenizer.
+/// A worker in this process, its KV cache allocated, and the model's
+/// tokenizer: for callers that drive the model runner directly.
 pub struct Started {
     /// The model's tokenizer (or the configured `tokenizer.json`).
     pub tokenizer: Tokenizer,
@@ -27,53 +34,41 @@ pub struct Started {
 
 /// Threads for `worker.num_threads = 0`: every core.
 pub fn default_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    crate::worker::proc::default_threads()
 }
 
-/// Loads the tokenizer and runs the worker's start-up sequence:
-/// init_device → load_model → determine_available_memory →
-/// initialize_from_config → compile_or_warm_up_model.
+/// Loads the tokenizer and starts one worker in this process through its
+/// whole start-up sequence (`host bench` drives it directly).
 pub fn start(config: &EngineConfig) -> anyhow::Result<Started> {
-    let path = &config.model.path;
-    let spinner = spinner(format!("loading {}", path.display()));
-    let tokenizer = load_tokenizer(path, config.model.tokenizer.as_deref())?;
-    let num_threads = match config.worker.num_threads {
-        0 => default_threads(),
-        n => n,
-    };
-    let mut worker = Worker::new(WorkerConfig {
-        model: path.clone(),
-        load_format: config.model.load_format,
-        num_threads,
-        kv_cache_memory_bytes: usize::try_from(config.cache.kv_cache_memory_bytes)
-            .context("cache.kv_cache_memory_bytes does not fit this machine's address space")?,
-        block_size: config.cache.block_size,
-        max_num_batched_tokens: config.scheduler.max_num_batched_tokens,
-        max_model_len: (config.model.max_model_len > 0).then_some(config.model.max_model_len),
-        eos_token_id: tokenizer.eos_token_id(),
-    })?;
-    worker.init_device()?;
-    worker.load_model()?;
-    let num_blocks = worker.determine_available_memory()? / worker.bytes_per_block()?;
-    if num_blocks == 0 {
-        anyhow::bail!(
-            "cache.kv_cache_memory_bytes = {} is smaller than one KV block ({} bytes); raise it",
-            config.cache.kv_cache_memory_bytes,
-            worker.bytes_per_block()?
-        );
-    }
-    worker.initialize_from_config(num_blocks)?;
-    worker.compile_or_warm_up_model()?;
+    let spinner = spinner(format!("loading {}", config.model.path.display()));
+    let tokenizer = load_tokenizer(&config.model.path, config.model.tokenizer.as_deref())?;
+    let mut executor = UniProcExecutor::start(worker_config(config, tokenizer.eos_token_id())?)?;
+    let num_blocks = initialize_kv_cache(&mut executor, config)?;
     spinner.finish_and_clear();
-    Ok(Started { tokenizer, worker, num_blocks })
+    Ok(Started {
+        tokenizer,
+        worker: executor.into_worker(),
+        num_blocks,
+    })
 }
 
 /// Starts the workers through the configured executor and sizes a scheduler
 /// to their KV cache: the engine core, ready to step, and the tokenizer the
 /// frontend needs.
 pub fn build_engine_core(config: &EngineConfig) -> anyhow::Result<(EngineCore, Tokenizer)> {
-    let started = start(config)?;
-    let max_model_len = started.worker.max_model_len()?;
+    let spinner = spinner(format!("loading {}", config.model.path.display()));
+    let tokenizer = load_tokenizer(&config.model.path, config.model.tokenizer.as_deref())?;
+    let mut executor = executor_for(config, tokenizer.eos_token_id())?;
+    let num_blocks = initialize_kv_cache(executor.as_mut(), config)?;
+    let timeout = start_timeout(config);
+    let max_model_len = counts(
+        executor.call("max_model_len", RpcValue::Unit, None, timeout)?,
+        "max_model_len",
+    )?
+    .into_iter()
+    .min()
+    .context("max_model_len: no worker replied")?;
+    spinner.finish_and_clear();
     let sched = &config.scheduler;
     let scheduler = Scheduler::new(SchedulerConfig {
         max_num_seqs: u32::try_from(sched.max_num_seqs)?,
@@ -82,13 +77,63 @@ pub fn build_engine_core(config: &EngineConfig) -> anyhow::Result<(EngineCore, T
         long_prefill_token_threshold: u32::try_from(sched.long_prefill_token_threshold)?,
         enable_chunked_prefill: sched.enable_chunked_prefill,
         block_size: u32::try_from(config.cache.block_size)?,
-        num_blocks: u32::try_from(started.num_blocks)?,
+        num_blocks: u32::try_from(num_blocks)?,
         enable_prefix_caching: config.cache.enable_prefix_caching,
-        eos_token_id: started.tokenizer.eos_token_id(),
+        eos_token_id: tokenizer.eos_token_id(),
         policy: sched.policy.clone(),
     })?;
-    let executor = executor_for(&config.parallel.distributed_executor_backend, started.worker)?;
-    Ok((EngineCore::new(scheduler, executor), started.tokenizer))
+    Ok((EngineCore::new(scheduler, executor), tokenizer))
+}
+
+/// Sizes the KV cache to the fewest blocks any worker can hold, allocates
+/// it on every worker and warms the model up; returns the block count.
+fn initialize_kv_cache(
+    executor: &mut dyn Executor,
+    config: &EngineConfig,
+) -> anyhow::Result<usize> {
+    let timeout = start_timeout(config);
+    let memory = counts(
+        executor.call("determine_available_memory", RpcValue::Unit, None, timeout)?,
+        "determine_available_memory",
+    )?;
+    let per_block = counts(
+        executor.call("bytes_per_block", RpcValue::Unit, None, timeout)?,
+        "bytes_per_block",
+    )?;
+    let num_blocks = memory
+        .iter()
+        .zip(&per_block)
+        .map(|(m, b)| m / b.max(&1))
+        .min()
+        .unwrap_or(0);
+    if num_blocks == 0 {
+        anyhow::bail!(
+            "cache.kv_cache_memory_bytes = {} is smaller than one KV block ({} bytes); raise it",
+            config.cache.kv_cache_memory_bytes,
+            per_block.iter().max().copied().unwrap_or(0)
+        );
+    }
+    executor.call(
+        "initialize_from_config",
+        RpcValue::Count(num_blocks),
+        None,
+        timeout,
+    )?;
+    executor.call("compile_or_warm_up_model", RpcValue::Unit, None, timeout)?;
+    Ok(usize::try_from(num_blocks)?)
+}
+
+/// The deadline for start-up calls (`mp`): the workers' start timeout.
+fn start_timeout(config: &EngineConfig) -> Option<Duration> {
+    Duration::try_from_secs_f64(config.parallel.worker_start_timeout_s).ok()
+}
+
+/// The counts every rank replied, or an error naming `method`.
+fn counts(replies: Vec<RpcValue>, method: &str) -> anyhow::Result<Vec<u64>> {
+    replies
+        .into_iter()
+        .map(|v| v.into_count(method).map_err(anyhow::Error::msg))
+        .collect()
 }
 
 /// The tokenizer: an explicit `tokenizer.json`, the one beside a Hugging
@@ -108,7 +153,9 @@ fn load_tokenizer(model: &Path, explicit: Option<&Path>) -> anyhow::Result<Token
 /// terminal, so logs and pipes stay clean).
 fn spinner(message: String) -> ProgressBar {
     let bar = ProgressBar::new_spinner().with_message(message);
-    bar.set_style(ProgressStyle::with_template("{spinner} {msg} ({elapsed})").expect("static template"));
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg} ({elapsed})").expect("static template"),
+    );
     bar.enable_steady_tick(Duration::from_millis(120));
     bar
 }

@@ -1,0 +1,308 @@
+//! `MultiprocExecutor`: one worker process per rank (vLLM's
+//! `MultiprocExecutor`), started by re-executing the `host` binary as the
+//! hidden `host worker` command (see `worker::proc` for its side).
+//!
+//! Start: create the broadcast queue (one reader per rank), spawn the
+//! processes, write each its bootstrap, collect READY (with the response
+//! queue's handle) from every ready pipe, attach to the response queues,
+//! wait for every rank to attach to the broadcast queue, start the monitor.
+//! Calls: one broadcast enqueue, then the replies in call order
+//! ([`super::rpc`]). Shutdown: [`super::monitor::WorkerSet::terminate`].
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::monitor::{Monitor, WorkerSet};
+use super::rpc::ReplyBook;
+use super::{check_rank, Executor, ExecutorError, RpcFuture};
+use crate::config::EngineConfig;
+use crate::message_queue::{Handle, MessageQueue, QueueConfig, QueueError};
+use crate::worker::proc::{Bootstrap, ReadyMessage};
+use crate::worker::{RpcRequest, RpcValue};
+
+/// Worker processes driven over shared-memory queues.
+pub struct MultiprocExecutor {
+    rpc: MessageQueue,
+    book: Arc<Mutex<ReplyBook>>,
+    workers: Arc<WorkerSet>,
+    monitor: Monitor,
+    world_size: usize,
+    execute_model_timeout: Option<Duration>,
+    shutdown_timeout: Duration,
+}
+
+impl MultiprocExecutor {
+    /// Starts `world_size` worker processes for `config` (each loads the
+    /// model) and connects to them. Fails, leaving no process behind, if
+    /// any rank does not report READY within `parallel.worker_start_timeout_s`.
+    pub fn start(
+        config: &EngineConfig,
+        eos_token_id: Option<u32>,
+        world_size: usize,
+    ) -> Result<MultiprocExecutor, ExecutorError> {
+        let p = &config.parallel;
+        let secs = |key: &str, s: f64| {
+            Duration::try_from_secs_f64(s).map_err(|_| {
+                ExecutorError::Call(format!("parallel.{key} = {s} is not a duration in seconds"))
+            })
+        };
+        let start_timeout = secs("worker_start_timeout_s", p.worker_start_timeout_s)?;
+        let shutdown_timeout = secs("worker_shutdown_timeout_s", p.worker_shutdown_timeout_s)?;
+        let execute_model_timeout =
+            Some(secs("execute_model_timeout_s", p.execute_model_timeout_s)?);
+        let exe = worker_executable(p.worker_executable.as_deref())?;
+        let queue_err = |what: &str| {
+            let what = what.to_string();
+            move |source| ExecutorError::Queue { what, source }
+        };
+        let rpc = MessageQueue::new_writer(world_size, QueueConfig::default())
+            .map_err(queue_err("creating the broadcast queue"))?;
+        let boot = |rank| Bootstrap {
+            rank,
+            world_size,
+            config_toml: config.to_toml(),
+            eos_token_id,
+            rpc_handle: rpc.export_handle(),
+            attach_timeout: start_timeout,
+        };
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let mut children = Vec::with_capacity(world_size);
+        let mut spawned = Ok(());
+        for rank in 0..world_size {
+            match spawn(&exe, &boot(rank), ready_tx.clone()) {
+                Ok(child) => children.push(child),
+                Err(message) => {
+                    spawned = Err(ExecutorError::Start { rank, message });
+                    break;
+                }
+            }
+        }
+        drop(ready_tx);
+        let workers = Arc::new(WorkerSet::new(children));
+        let connected = spawned.and_then(|()| {
+            let handles = collect_ready(&workers, &ready_rx, world_size, start_timeout)?;
+            let queues = handles
+                .iter()
+                .enumerate()
+                .map(|(rank, h)| {
+                    MessageQueue::create_from_handle(h, 0).map_err(queue_err(&format!(
+                        "attaching to worker rank {rank}'s response queue"
+                    )))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            rpc.wait_until_ready(start_timeout)
+                .map_err(queue_err("waiting for the workers to attach"))?;
+            Ok(queues)
+        });
+        let queues = match connected {
+            Ok(queues) => queues,
+            Err(e) => {
+                workers.terminate(Duration::ZERO);
+                return Err(e);
+            }
+        };
+        let monitor = Monitor::start(workers.clone()).map_err(|e| ExecutorError::Start {
+            rank: 0,
+            message: format!("cannot start the worker monitor thread: {e}"),
+        })?;
+        let book = Arc::new(Mutex::new(ReplyBook::new(queues, workers.clone())));
+        Ok(MultiprocExecutor {
+            rpc,
+            book,
+            workers,
+            monitor,
+            world_size,
+            execute_model_timeout,
+            shutdown_timeout,
+        })
+    }
+
+    /// The worker processes' ids, by rank.
+    pub fn worker_pids(&self) -> &[u32] {
+        self.workers.pids()
+    }
+}
+
+impl Executor for MultiprocExecutor {
+    fn name(&self) -> &'static str {
+        "mp"
+    }
+
+    fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    fn execute_model_timeout(&self) -> Option<Duration> {
+        self.execute_model_timeout
+    }
+
+    fn collective_rpc(
+        &mut self,
+        method: &str,
+        args: RpcValue,
+        unique_reply_rank: Option<usize>,
+        non_block: bool,
+        timeout: Option<Duration>,
+    ) -> Result<RpcFuture, ExecutorError> {
+        check_rank(unique_reply_rank, self.world_size)?;
+        if let Some(death) = self.workers.death() {
+            return Err(death);
+        }
+        let output_rank = unique_reply_rank.map(|r| r as u32);
+        let request = RpcRequest {
+            method: method.to_string(),
+            args,
+            output_rank,
+        };
+        self.rpc
+            .enqueue(&request, timeout)
+            .map_err(|source| match source {
+                QueueError::Full { .. } | QueueError::Shutdown => {
+                    self.workers.poll().unwrap_or(ExecutorError::Queue {
+                        what: format!("broadcasting `{method}`"),
+                        source,
+                    })
+                }
+                source => ExecutorError::Queue {
+                    what: format!("broadcasting `{method}`"),
+                    source,
+                },
+            })?;
+        let ranks = unique_reply_rank.map_or_else(|| (0..self.world_size).collect(), |r| vec![r]);
+        let future = ReplyBook::push(&self.book, method, ranks, timeout);
+        if non_block {
+            Ok(future)
+        } else {
+            Ok(RpcFuture::ready(Ok(future.result()?)))
+        }
+    }
+}
+
+impl Drop for MultiprocExecutor {
+    /// Shuts the workers down: close the death pipes, wait
+    /// `parallel.worker_shutdown_timeout_s`, SIGTERM, wait 4 s, SIGKILL.
+    fn drop(&mut self) {
+        self.monitor.stop();
+        self.workers.terminate(self.shutdown_timeout);
+        self.rpc.shutdown();
+    }
+}
+
+/// Starts one worker process and writes its bootstrap; a thread forwards
+/// its ready line (or the end of its stdout) to `ready`.
+fn spawn(
+    exe: &Path,
+    boot: &Bootstrap,
+    ready: mpsc::Sender<(usize, std::io::Result<String>)>,
+) -> Result<(Child, ChildStdin), String> {
+    let mut child = Command::new(exe)
+        .arg("worker")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+    let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        let _ = child.kill();
+        return Err("the worker's stdin / stdout pipes are missing".into());
+    };
+    let line =
+        serde_json::to_string(boot).map_err(|e| format!("cannot encode the bootstrap: {e}"))?;
+    if let Err(e) = writeln!(stdin, "{line}").and_then(|()| stdin.flush()) {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(format!("cannot write the bootstrap to its stdin: {e}"));
+    }
+    let rank = boot.rank;
+    let reader = std::thread::Builder::new()
+        .name(format!("worker-{rank}-ready"))
+        .spawn(move || {
+            let mut line = String::new();
+            let read = BufReader::new(stdout).read_line(&mut line).map(|_| line);
+            let _ = ready.send((rank, read));
+        });
+    if let Err(e) = reader {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(format!("cannot start its ready-pipe reader: {e}"));
+    }
+    Ok((child, stdin))
+}
+
+/// Collects every rank's READY message; the response-queue handles by rank.
+fn collect_ready(
+    workers: &WorkerSet,
+    ready: &mpsc::Receiver<(usize, std::io::Result<String>)>,
+    world_size: usize,
+    timeout: Duration,
+) -> Result<Vec<Handle>, ExecutorError> {
+    let deadline = Instant::now() + timeout;
+    let mut handles: Vec<Option<Handle>> = vec![None; world_size];
+    while handles.iter().any(Option::is_none) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (rank, line) = ready.recv_timeout(left).map_err(|_| {
+            let rank = handles.iter().position(Option::is_none).unwrap_or(0);
+            ExecutorError::Start {
+                rank,
+                message: format!("no READY within {timeout:?} (parallel.worker_start_timeout_s)"),
+            }
+        })?;
+        let fail = |message: String| ExecutorError::Start { rank, message };
+        match line.map(|l| serde_json::from_str::<ReadyMessage>(&l)) {
+            Ok(Ok(ReadyMessage::Ready { response_handle })) => {
+                handles[rank] = Some(response_handle)
+            }
+            Ok(Ok(ReadyMessage::Failed { error })) => return Err(fail(error)),
+            Ok(Err(_)) | Err(_) => {
+                // The ready pipe closed or carried garbage: the process ended.
+                let how = match workers.reap(rank) {
+                    ExecutorError::WorkerDied { status, .. } => status,
+                    other => other.to_string(),
+                };
+                return Err(fail(format!(
+                    "it exited before READY ({how}); its stderr says why"
+                )));
+            }
+        }
+    }
+    Ok(handles.into_iter().flatten().collect())
+}
+
+/// The `host` binary to start workers from: `parallel.worker_executable`,
+/// else this program if it is `host`, else a `host` beside it or one folder
+/// up (test and bench binaries live in `target/<profile>/deps`).
+fn worker_executable(configured: Option<&Path>) -> Result<PathBuf, ExecutorError> {
+    let fail = |message: String| ExecutorError::Start { rank: 0, message };
+    if let Some(path) = configured {
+        return if path.is_file() {
+            Ok(path.to_path_buf())
+        } else {
+            Err(fail(format!(
+                "parallel.worker_executable = {} is not a file",
+                path.display()
+            )))
+        };
+    }
+    let me = std::env::current_exe()
+        .map_err(|e| fail(format!("cannot find this program's path: {e}")))?;
+    let name = format!("host{}", std::env::consts::EXE_SUFFIX);
+    if me.file_name().is_some_and(|n| n == name.as_str()) {
+        return Ok(me);
+    }
+    let dir = me.parent();
+    let found = [dir, dir.and_then(Path::parent)]
+        .into_iter()
+        .flatten()
+        .map(|d| d.join(&name))
+        .find(|p| p.is_file());
+    found.ok_or_else(|| {
+            fail(format!(
+                "this program ({}) is not `host` and no `host` binary is beside it; set parallel.worker_executable",
+                me.display()
+            ))
+        })
+}

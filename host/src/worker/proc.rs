@@ -1,0 +1,201 @@
+//! `WorkerProc`: a worker in its own process (the hidden `host worker`
+//! command that the `mp` executor starts once per rank).
+//!
+//! Pipes, as in vLLM's `make_worker_process`, carried on the standard
+//! streams so no descriptor has to be passed by number:
+//! - **stdin** brings one JSON line, the [`Bootstrap`] (rank, configuration
+//!   as TOML, the broadcast queue's handle), and then serves as the **death
+//!   pipe**: the parent never writes to it again, so end-of-file means the
+//!   parent closed it (shutdown) or died, even by SIGKILL (the kernel closes
+//!   a dead process's descriptors); either way the worker exits at once.
+//! - **stdout** is the **ready pipe**: one JSON line, [`ReadyMessage`]:
+//!   READY with the worker's response-queue handle, or FAILED with the error.
+//!
+//! Start-up: init_device → load_model → response queue → attach to the
+//! broadcast queue → READY → wait for the parent to attach → busy loop. The
+//! rest of the lifecycle (determine_available_memory, initialize_from_config,
+//! compile_or_warm_up_model) arrives as calls, like every step.
+
+use std::io::{BufRead, Read, Write};
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+use super::registry::WorkerMethods;
+use super::rpc::{RpcReply, RpcRequest};
+use super::{Worker, WorkerConfig};
+use crate::config::EngineConfig;
+use crate::message_queue::{Handle, MessageQueue, QueueConfig, QueueError};
+
+/// What the parent sends a worker process on its stdin.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Bootstrap {
+    /// This worker's rank.
+    pub rank: usize,
+    /// Number of workers.
+    pub world_size: usize,
+    /// The engine configuration, as TOML.
+    pub config_toml: String,
+    /// The tokenizer's end-of-sequence token (the worker has no tokenizer).
+    pub eos_token_id: Option<u32>,
+    /// The broadcast queue the calls arrive on.
+    pub rpc_handle: Handle,
+    /// How long to wait for the parent to attach to the response queue.
+    pub attach_timeout: Duration,
+}
+
+/// What a worker process answers on its stdout once started.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum ReadyMessage {
+    /// Started; the parent attaches to this response queue as its reader.
+    Ready {
+        /// The worker's response queue.
+        response_handle: Handle,
+    },
+    /// Start-up failed; the process exits.
+    Failed {
+        /// Why.
+        error: String,
+    },
+}
+
+/// The worker configuration the engine configuration describes.
+pub fn worker_config(
+    config: &EngineConfig,
+    eos_token_id: Option<u32>,
+) -> anyhow::Result<WorkerConfig> {
+    Ok(WorkerConfig {
+        model: config.model.path.clone(),
+        load_format: config.model.load_format,
+        num_threads: match config.worker.num_threads {
+            0 => default_threads(),
+            n => n,
+        },
+        kv_cache_memory_bytes: usize::try_from(config.cache.kv_cache_memory_bytes)
+            .context("cache.kv_cache_memory_bytes does not fit this machine's address space")?,
+        block_size: config.cache.block_size,
+        max_num_batched_tokens: config.scheduler.max_num_batched_tokens,
+        max_model_len: (config.model.max_model_len > 0).then_some(config.model.max_model_len),
+        eos_token_id,
+    })
+}
+
+/// Threads for `worker.num_threads = 0`: every core.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Runs a worker process: bootstrap from stdin, start, READY on stdout,
+/// then serve calls until the parent goes away. Returns only on an error
+/// (a normal end exits the process from the death-pipe watcher or when the
+/// broadcast queue shuts down).
+pub fn run() -> anyhow::Result<()> {
+    let mut line = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut line)
+        .context("reading the bootstrap line from stdin")?;
+    let boot: Bootstrap = serde_json::from_str(&line).context(
+        "`host worker` is started by the mp executor, which writes its bootstrap on stdin; it is not meant to be run by hand",
+    )?;
+    std::thread::Builder::new()
+        .name("death-pipe".into())
+        .spawn(watch_death_pipe)
+        .context("starting the death-pipe watcher")?;
+    let started = start(&boot);
+    let message = match &started {
+        Ok((_, _, response)) => ReadyMessage::Ready {
+            response_handle: response.export_handle(),
+        },
+        Err(e) => ReadyMessage::Failed {
+            error: format!("{e:#}"),
+        },
+    };
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", serde_json::to_string(&message)?)?;
+    out.flush()?;
+    drop(out);
+    let (mut worker, rpc, response) = started?;
+    response.wait_until_ready(boot.attach_timeout)?;
+    busy_loop(
+        boot.rank,
+        &mut worker,
+        &WorkerMethods::builtin(),
+        &rpc,
+        &response,
+    )
+}
+
+/// init_device → load_model → response queue → attach to the broadcast.
+fn start(boot: &Bootstrap) -> anyhow::Result<(Worker, MessageQueue, MessageQueue)> {
+    let config: EngineConfig =
+        toml::from_str(&boot.config_toml).context("the bootstrap's configuration")?;
+    let mut worker = Worker::new(worker_config(&config, boot.eos_token_id)?)?;
+    worker.init_device()?;
+    worker.load_model()?;
+    let response = MessageQueue::new_writer(1, QueueConfig::default())?;
+    let rpc = MessageQueue::create_from_handle(&boot.rpc_handle, boot.rank)
+        .with_context(|| format!("worker rank {} attaching to the broadcast queue", boot.rank))?;
+    tracing::info!(
+        rank = boot.rank,
+        world_size = boot.world_size,
+        "worker process ready"
+    );
+    Ok((worker, rpc, response))
+}
+
+/// Serves calls: each arrives on the broadcast queue, runs through the
+/// registry, and the output rank (or every rank) replies SUCCESS or
+/// FAILURE. A failing method does not stop the loop; a shut-down or
+/// writerless queue ends it normally, a corrupted frame with an error.
+pub fn busy_loop(
+    rank: usize,
+    worker: &mut Worker,
+    methods: &WorkerMethods,
+    rpc: &MessageQueue,
+    response: &MessageQueue,
+) -> anyhow::Result<()> {
+    loop {
+        let req: RpcRequest = match rpc.dequeue(None) {
+            Ok(req) => req,
+            Err(QueueError::Shutdown | QueueError::WriterDead { .. }) => return Ok(()),
+            Err(e) => {
+                return Err(e).with_context(|| format!("worker rank {rank} reading its next call"))
+            }
+        };
+        let reply = match methods.call(worker, &req.method, req.args) {
+            Ok(value) => RpcReply::Success(value),
+            Err(message) => {
+                tracing::warn!(rank, method = %req.method, %message, "worker method failed");
+                RpcReply::Failure(message)
+            }
+        };
+        if req.output_rank.is_none_or(|r| r as usize == rank) {
+            match response.enqueue(&reply, None) {
+                Ok(()) => {}
+                Err(QueueError::Shutdown) => return Ok(()),
+                Err(e) => {
+                    return Err(e)
+                        .with_context(|| format!("worker rank {rank} replying to {}", req.method))
+                }
+            }
+        }
+    }
+}
+
+/// Blocks on stdin until end-of-file (the parent closed the death pipe or
+/// died), then ends the process.
+fn watch_death_pipe() {
+    let mut buf = [0u8; 64];
+    loop {
+        match std::io::stdin().read(&mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Ok(0) | Err(_) => {
+                tracing::info!("worker: the parent closed the death pipe; exiting");
+                std::process::exit(0);
+            }
+            Ok(_) => {}
+        }
+    }
+}
