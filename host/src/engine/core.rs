@@ -7,11 +7,12 @@
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use thiserror::Error;
 
 use super::executor::{Executor, ExecutorError};
 use crate::sampling::SamplingParams;
-use crate::worker::{Logprobs, ModelRunnerOutput};
+use crate::worker::{Logprobs, ModelRunnerOutput, RpcValue};
 use crate::scheduler::{
     FinishReason, Request, RequestOutput, Scheduler, SchedulerError, SchedulerOutput, SchedulerStats,
 };
@@ -119,6 +120,11 @@ impl EngineCore {
         }
     }
 
+    /// Aborts every request (shutdown without draining).
+    pub fn abort_all(&mut self) {
+        self.scheduler.abort_all();
+    }
+
     /// True while a step has something to do.
     pub fn has_work(&self) -> bool {
         self.scheduler.has_unfinished_requests() || self.scheduler.has_finished_requests()
@@ -172,9 +178,45 @@ impl EngineCore {
         self.scheduler.reset_prefix_cache();
     }
 
+    /// Calls an engine method by name (a UTILITY request from a client):
+    /// `reset_prefix_cache`, or `collective_rpc` with `{"method": …,
+    /// "args": …}` (the args and each worker's reply cross as JSON). Errors
+    /// are messages for the caller; the engine carries on.
+    pub fn call_utility(&mut self, method: &str, args: Value) -> Result<Value, String> {
+        match method {
+            "reset_prefix_cache" => {
+                self.reset_prefix_cache();
+                Ok(Value::Bool(true))
+            }
+            "collective_rpc" => {
+                let Some(rpc_method) = args.get("method").and_then(Value::as_str) else {
+                    return Err("collective_rpc needs {\"method\": \"<name>\", \"args\": …}".into());
+                };
+                let rpc_args = RpcValue::Json(args.get("args").cloned().unwrap_or(Value::Null).to_string());
+                let timeout = self.executor.execute_model_timeout();
+                let replies = self.executor.call(rpc_method, rpc_args, None, timeout).map_err(|e| e.to_string())?;
+                replies.into_iter().map(rpc_reply_to_json).collect::<Result<Vec<_>, _>>().map(Value::Array)
+            }
+            other => Err(format!("unknown utility method `{other}`; known: {}", UTILITY_METHODS.join(", "))),
+        }
+    }
+
     /// The scheduler (read-only), for invariant checks in tests.
     pub fn scheduler(&self) -> &Scheduler {
         &self.scheduler
+    }
+}
+
+/// The methods [`EngineCore::call_utility`] knows.
+pub const UTILITY_METHODS: &[&str] = &["reset_prefix_cache", "collective_rpc"];
+
+/// A worker's reply to a `collective_rpc` utility call, as JSON.
+fn rpc_reply_to_json(reply: RpcValue) -> Result<Value, String> {
+    match reply {
+        RpcValue::Unit => Ok(Value::Null),
+        RpcValue::Count(n) => Ok(n.into()),
+        RpcValue::Json(text) => serde_json::from_str(&text).map_err(|e| format!("a worker replied with invalid JSON: {e}")),
+        other => Err(format!("a worker replied with a {} value, which has no JSON form", other.kind())),
     }
 }
 

@@ -10,9 +10,10 @@ use serde::{Deserialize, Serialize};
 use super::core::{EngineCore, EngineCoreRequest, EngineStats};
 use super::startup;
 use crate::config::EngineConfig;
-use crate::sampling::{SamplingParams, StopChecker};
-use crate::scheduler;
-use crate::tokenizer::{ChatMessage, IncrementalDetokenizer, Tokenizer};
+use super::output_processor::{Finish, RequestMetrics, RequestState};
+use crate::sampling::SamplingParams;
+use crate::tokenizer::{ChatMessage, Tokenizer};
+use crate::worker::Logprobs;
 
 /// What to complete.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -38,15 +39,6 @@ pub struct GenerateRequest {
     pub priority: i32,
 }
 
-/// Why a completion ended, as the OpenAI API and vLLM report it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Finish {
-    /// `"stop"`, `"length"` or `"abort"`.
-    pub finish_reason: String,
-    /// The stop string or stop token id that matched, if any.
-    pub stop_reason: Option<serde_json::Value>,
-}
-
 /// A finished completion.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Completion {
@@ -58,16 +50,20 @@ pub struct Completion {
     pub num_prompt_tokens: usize,
     /// Prompt tokens served from the prefix cache.
     pub num_cached_tokens: u32,
+    /// Logprobs of `token_ids`, when the request asked for them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub logprobs: Vec<Logprobs>,
     /// Why it ended.
     #[serde(flatten)]
     pub finish: Finish,
+    /// Its latencies.
+    pub metrics: RequestMetrics,
 }
 
-/// The frontend's state of one live request.
+/// A live request of a batch.
 struct Live {
     index: usize,
-    detok: IncrementalDetokenizer,
-    stops: StopChecker,
+    state: RequestState,
     completion: Completion,
 }
 
@@ -152,59 +148,38 @@ impl Llm {
                 token_ids: Vec::new(),
                 num_prompt_tokens: ids.len(),
                 num_cached_tokens: 0,
+                logprobs: Vec::new(),
                 finish: Finish { finish_reason: String::new(), stop_reason: None },
+                metrics: RequestMetrics::default(),
             };
-            live.insert(
-                request_id,
-                Live {
-                    index,
-                    detok: self.tokenizer.detokenizer(req.params.skip_special_tokens),
-                    stops: StopChecker::from_params(&req.params),
-                    completion,
-                },
-            );
+            let state = RequestState::new(&self.tokenizer, &req.params);
+            live.insert(request_id, Live { index, state, completion });
         }
         done += results.iter().filter(|r| r.is_some()).count();
         while !live.is_empty() {
             let mut stopped = Vec::new();
             for out in self.core.step()? {
-                let Some(state) = live.get_mut(&out.request_id) else { continue };
-                state.completion.num_cached_tokens = out.num_cached_tokens;
-                let mut stop_string = None;
-                for &t in &out.new_token_ids {
-                    state.completion.token_ids.push(t);
-                    let update = state.stops.push(state.detok.push(t)?);
-                    on_text(state.index, &update.text);
-                    state.completion.text.push_str(&update.text);
-                    if update.stop.is_some() {
-                        stop_string = update.stop;
-                        break;
-                    }
+                let Some(req) = live.get_mut(&out.request_id) else { continue };
+                let delta = req.state.process(&out)?;
+                on_text(req.index, &delta.text);
+                let c = &mut req.completion;
+                c.num_cached_tokens = out.num_cached_tokens;
+                c.text.push_str(&delta.text);
+                c.token_ids.extend_from_slice(&delta.token_ids);
+                c.logprobs.extend(delta.logprobs);
+                let Some(finish) = delta.finish else { continue };
+                if out.finish_reason.is_none() {
+                    // A stop string ended it in the frontend.
+                    stopped.push(out.request_id.clone());
                 }
-                let finish = match (stop_string, out.finish_reason) {
-                    (Some(s), _) => {
-                        stopped.push(out.request_id.clone());
-                        Finish { finish_reason: "stop".into(), stop_reason: Some(s.into()) }
-                    }
-                    (None, Some(reason)) => {
-                        let tail = state.stops.finish() + state.detok.finish();
-                        on_text(state.index, &tail);
-                        state.completion.text.push_str(&tail);
-                        let stop_reason = match reason {
-                            scheduler::FinishReason::StopToken(t) => Some(t.into()),
-                            _ => None,
-                        };
-                        Finish { finish_reason: reason.as_str().into(), stop_reason }
-                    }
-                    (None, None) => continue,
-                };
-                let mut state = live.remove(&out.request_id).expect("looked up above");
-                state.completion.finish = finish;
-                results[state.index] = Some(Ok(state.completion));
+                let mut req = live.remove(&out.request_id).expect("looked up above");
+                req.completion.finish = finish;
+                req.completion.metrics = req.state.metrics().clone();
+                results[req.index] = Some(Ok(req.completion));
                 done += 1;
                 on_finish(done, requests.len());
             }
-            // A stop string ends the request in the frontend; free its blocks.
+            // Free the blocks of requests a stop string ended.
             self.core.abort_requests(&stopped);
         }
         Ok(results.into_iter().map(|r| r.expect("every request finished or was refused")).collect())

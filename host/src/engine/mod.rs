@@ -1,11 +1,21 @@
 //! The engine: the engine core (scheduler + executor, stepped together), the
-//! executors that reach the workers, start-up, and the offline API.
+//! engine-core threads and their client, the executors that reach the
+//! workers, start-up, the frontend's per-request text path, and the offline
+//! API.
 
+mod client;
 mod core;
+mod core_proc;
 mod executor;
 mod llm;
+mod output_processor;
+mod shared;
 pub mod startup;
 
-pub use self::core::{EngineCore, EngineCoreOutput, EngineCoreRequest, EngineError, EngineStats, StepTimings};
+pub use self::core::{
+    EngineCore, EngineCoreOutput, EngineCoreRequest, EngineError, EngineStats, StepTimings, UTILITY_METHODS,
+};
+pub use client::{EngineCoreClient, EngineCoreError, OutputStream};
 pub use executor::{executor_for, Executor, ExecutorError, MultiprocExecutor, RpcFuture, UniProcExecutor};
-pub use llm::{Completion, Finish, GenerateRequest, Llm, Prompt};
+pub use llm::{Completion, GenerateRequest, Llm, Prompt};
+pub use output_processor::{Delta, Finish, RequestMetrics, RequestState};

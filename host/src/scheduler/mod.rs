@@ -271,6 +271,14 @@ impl Scheduler {
         true
     }
 
+    /// Aborts every queued and running request (an engine shutting down
+    /// without draining).
+    pub fn abort_all(&mut self) {
+        for handle in std::mem::take(&mut self.running).into_iter().chain(std::mem::take(&mut self.waiting)) {
+            self.finish(handle, FinishReason::Abort);
+        }
+    }
+
     /// Frees a request's blocks and slot; the next output reports it.
     fn finish(&mut self, handle: ReqHandle, reason: FinishReason) {
         if let Some(mut req) = self.slots[handle.index()].take() {

@@ -1,0 +1,223 @@
+//! `EngineCoreClient`: how a frontend (the HTTP server, tests) talks to an
+//! engine core running on its own threads (vLLM's in-process
+//! `EngineCoreClient` over an `EngineCoreProc`). Requests go in as messages;
+//! each request's outputs come back on its own stream, which works from
+//! async and blocking code alike. Dropping a stream before its request
+//! finished aborts the request, so a client that goes away frees its KV
+//! blocks without any extra bookkeeping.
+
+use std::sync::mpsc::{self as std_mpsc, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use serde_json::Value;
+use thiserror::Error;
+use tokio::sync::mpsc;
+
+use super::core::{EngineCoreOutput, EngineCoreRequest, EngineStats};
+use super::core_proc::{run_busy_loop, run_output_thread, CoreInput};
+use super::shared::{Liveness, Shared, StreamItem};
+use super::startup;
+use crate::config::EngineConfig;
+use crate::tokenizer::Tokenizer;
+
+/// Why a request or call got no answer from the engine core.
+#[derive(Clone, Debug, Error, PartialEq)]
+pub enum EngineCoreError {
+    /// The scheduler refused the request (e.g. it can never fit the KV
+    /// cache); the engine carries on.
+    #[error("request refused: {0}")]
+    Rejected(String),
+    /// The engine is dead or shut down; nothing more will run.
+    #[error("the engine is not running: {0}")]
+    Dead(String),
+    /// A utility call failed; the engine carries on.
+    #[error("{0}")]
+    Utility(String),
+}
+
+/// A handle on a running engine core; cheap to clone, usable from any
+/// thread.
+#[derive(Clone)]
+pub struct EngineCoreClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    input: Sender<CoreInput>,
+    shared: Arc<Shared>,
+    max_model_len: usize,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl EngineCoreClient {
+    /// Loads the model and starts the engine core on its own threads (the
+    /// busy loop and the output thread) in this process. Returns the client
+    /// and the tokenizer the frontend needs.
+    pub fn start_in_process(config: &EngineConfig) -> anyhow::Result<(EngineCoreClient, Tokenizer)> {
+        let (core, tokenizer) = startup::build_engine_core(config)?;
+        let max_model_len = core.scheduler().config().max_model_len as usize;
+        let shared = Arc::new(Shared::new(core.stats()));
+        let (input_tx, input_rx) = std_mpsc::channel();
+        let (output_tx, output_rx) = std_mpsc::channel();
+        let busy = {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name("engine-core".into())
+                .spawn(move || run_busy_loop(core, input_rx, output_tx, shared))?
+        };
+        let output = {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name("engine-output".into())
+                .spawn(move || run_output_thread(output_rx, shared))?
+        };
+        let inner = Inner { input: input_tx, shared, max_model_len, threads: Mutex::new(vec![busy, output]) };
+        Ok((EngineCoreClient { inner: Arc::new(inner) }, tokenizer))
+    }
+
+    /// Queues a request; its outputs arrive on the returned stream. An id
+    /// that is already live is refused.
+    pub fn add_request(&self, mut req: EngineCoreRequest) -> Result<OutputStream, EngineCoreError> {
+        self.check_alive()?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let Some(internal_id) = self.inner.shared.register(&req.request_id, tx) else {
+            return Err(EngineCoreError::Rejected(format!("request id `{}` is already in use", req.request_id)));
+        };
+        let request_id = std::mem::replace(&mut req.request_id, internal_id.clone());
+        if self.send(CoreInput::Add(req)).is_err() {
+            self.inner.shared.unregister(&internal_id);
+            return Err(self.dead_error());
+        }
+        Ok(OutputStream { request_id, internal_id, rx, client: self.clone(), finished: false })
+    }
+
+    /// Aborts requests by id; unknown or finished ids are ignored.
+    pub fn abort_requests(&self, request_ids: Vec<String>) {
+        let internal = self.inner.shared.unregister_client_ids(&request_ids);
+        self.abort_internal(internal);
+    }
+
+    fn abort_internal(&self, internal_ids: Vec<String>) {
+        if !internal_ids.is_empty() {
+            // A dead engine has nothing left to abort.
+            let _ = self.send(CoreInput::Abort(internal_ids));
+        }
+    }
+
+    /// The longest context (prompt + output) a request may have.
+    pub fn max_model_len(&self) -> usize {
+        self.inner.max_model_len
+    }
+
+    /// The counters as of the latest step.
+    pub fn stats(&self) -> EngineStats {
+        self.inner.shared.stats()
+    }
+
+    /// True while the busy loop runs (not dead, not shut down).
+    pub fn is_alive(&self) -> bool {
+        self.inner.shared.liveness() == Liveness::Alive
+    }
+
+    /// Calls an engine method by name (a UTILITY request; see
+    /// [`super::EngineCore::call_utility`]) and waits for its result. Blocks:
+    /// from async code, call it on a blocking thread.
+    pub fn call_utility(&self, method: &str, args: Value) -> Result<Value, EngineCoreError> {
+        self.check_alive()?;
+        let (reply, answer) = std_mpsc::sync_channel(1);
+        self.send(CoreInput::Utility { method: method.to_string(), args, reply }).map_err(|_| self.dead_error())?;
+        match answer.recv() {
+            Ok(result) => result.map_err(EngineCoreError::Utility),
+            Err(_) => Err(self.dead_error()),
+        }
+    }
+
+    /// Stops the engine core and waits for its threads: `drain` lets the
+    /// running and waiting requests finish first, otherwise they are
+    /// aborted. Streams still open then end with [`EngineCoreError::Dead`].
+    pub fn shutdown(&self, drain: bool) {
+        let _ = self.send(CoreInput::Shutdown { drain });
+        let threads = std::mem::take(&mut *self.inner.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+
+    /// Resolves when the engine core stops: `Some(reason)` if it died of an
+    /// error, `None` after a shutdown.
+    pub async fn stopped(&self) -> Option<String> {
+        let mut rx = self.inner.shared.watch_liveness();
+        let state = rx.wait_for(|l| *l != Liveness::Alive).await.map(|l| l.clone());
+        match state {
+            Ok(Liveness::Dead(reason)) => Some(reason),
+            _ => None,
+        }
+    }
+
+    fn send(&self, msg: CoreInput) -> Result<(), ()> {
+        self.inner.input.send(msg).map_err(|_| ())
+    }
+
+    fn check_alive(&self) -> Result<(), EngineCoreError> {
+        if self.is_alive() {
+            Ok(())
+        } else {
+            Err(self.dead_error())
+        }
+    }
+
+    fn dead_error(&self) -> EngineCoreError {
+        match self.inner.shared.liveness() {
+            Liveness::Dead(reason) => EngineCoreError::Dead(reason),
+            _ => EngineCoreError::Dead("the engine was shut down".into()),
+        }
+    }
+}
+
+/// The outputs of one request, in order; the last one carries its
+/// `finish_reason`. Dropping the stream earlier aborts the request.
+pub struct OutputStream {
+    request_id: String,
+    internal_id: String,
+    rx: mpsc::UnboundedReceiver<StreamItem>,
+    client: EngineCoreClient,
+    finished: bool,
+}
+
+impl OutputStream {
+    /// The request's id.
+    pub fn request_id(&self) -> &str {
+        &self.request_id
+    }
+
+    /// The request's next output; `None` after its last.
+    pub async fn next(&mut self) -> Option<Result<EngineCoreOutput, EngineCoreError>> {
+        let item = self.rx.recv().await;
+        self.observe(item)
+    }
+
+    /// [`OutputStream::next`] for blocking code (not on an async runtime's
+    /// threads).
+    pub fn blocking_next(&mut self) -> Option<Result<EngineCoreOutput, EngineCoreError>> {
+        let item = self.rx.blocking_recv();
+        self.observe(item)
+    }
+
+    fn observe(&mut self, item: Option<StreamItem>) -> Option<StreamItem> {
+        match &item {
+            Some(Ok(out)) if out.finish_reason.is_none() => {}
+            // The last output, a rejection, the dead sentinel, or the end.
+            _ => self.finished = true,
+        }
+        item
+    }
+}
+
+impl Drop for OutputStream {
+    fn drop(&mut self) {
+        if !self.finished && self.client.inner.shared.unregister(&self.internal_id) {
+            self.client.abort_internal(vec![std::mem::take(&mut self.internal_id)]);
+        }
+    }
+}
