@@ -15,5 +15,6 @@ pub mod model;
 pub mod model_runner;
 pub mod sampling;
 pub mod scheduler;
+pub mod server;
 pub mod tokenizer;
 pub mod worker;

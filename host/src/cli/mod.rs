@@ -1,10 +1,12 @@
-//! The `host` command line: one binary for every job (generate, bench,
-//! config). Flags that shape the engine are turned into config overrides, so
-//! a flag and a TOML key always mean the same thing.
+//! The `host` command line: one binary for every job (serve, generate,
+//! bench, config); with no subcommand it serves. Flags that shape the engine
+//! are turned into config overrides, so a flag and a TOML key always mean the
+//! same thing.
 
 mod bench;
 mod generate;
 mod sampling_args;
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -19,12 +21,15 @@ use crate::config::EngineConfig;
 pub struct Cli {
     #[command(flatten)]
     engine: EngineArgs,
+    /// What to do; none serves the OpenAI-compatible API.
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Serve the OpenAI-compatible HTTP API (the default with no subcommand).
+    Serve(serve::ServeArgs),
     /// Generate text for one prompt, streamed to stdout as it is produced.
     Generate(generate::GenerateArgs),
     /// Measure prefill and single-stream decode speed on the configured model.
@@ -98,8 +103,12 @@ impl EngineArgs {
         out
     }
 
-    fn load(&self) -> anyhow::Result<EngineConfig> {
-        Ok(EngineConfig::load(self.config.as_deref(), &self.overrides())?)
+    /// The configuration: file, then these flags, then `more` (a
+    /// subcommand's own overrides).
+    fn load(&self, more: &[String]) -> anyhow::Result<EngineConfig> {
+        let mut overrides = self.overrides();
+        overrides.extend_from_slice(more);
+        Ok(EngineConfig::load(self.config.as_deref(), &overrides)?)
     }
 }
 
@@ -107,7 +116,13 @@ impl EngineArgs {
 pub fn main() -> ExitCode {
     init_tracing();
     let cli = Cli::parse();
-    let result = cli.engine.load().and_then(|config| match cli.command {
+    let command = cli.command.unwrap_or_else(|| Command::Serve(serve::ServeArgs::default()));
+    let more = match &command {
+        Command::Serve(args) => args.overrides(),
+        _ => Vec::new(),
+    };
+    let result = cli.engine.load(&more).and_then(|config| match command {
+        Command::Serve(_) => serve::run(&config),
         Command::Generate(args) => generate::run(&config, &args),
         Command::Bench(args) => bench::run(&config, &args),
         Command::Config(ConfigCommand::Show) => {

@@ -1,0 +1,162 @@
+//! `POST /v1/chat/completions`: messages rendered with the model's chat
+//! template, `chat.completion` objects or `chat.completion.chunk`s out.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::generate::{self, token_text, Choice};
+use super::params;
+use super::protocol::{ChatCompletionRequest, SamplingRequest, Usage};
+use super::sse::{self, ChunkFormat};
+use super::AppState;
+use crate::engine::Delta;
+use crate::sampling::MAX_LOGPROBS;
+use crate::worker::Logprobs;
+
+/// The handler.
+pub async fn create(
+    State(app): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    match run(app, body).await {
+        Ok(response) => response,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn run(
+    app: Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = params::json_object(&super::read_body(body)?)?;
+    params::refuse_unsupported(&body)?;
+    let req: ChatCompletionRequest = params::typed(&body)?;
+    app.check_model(req.model.as_deref())?;
+    let logprobs = match (req.logprobs, req.top_logprobs) {
+        (_, Some(k)) if k > MAX_LOGPROBS => {
+            return Err(ApiError::field(
+                "top_logprobs",
+                format!("must be in [0, {MAX_LOGPROBS}], got {k}"),
+            ))
+        }
+        (false, Some(k)) if k > 0 => {
+            return Err(ApiError::field("top_logprobs", "needs `logprobs: true`"))
+        }
+        (true, k) => Some(k.unwrap_or(0)),
+        (false, _) => None,
+    };
+    let messages = params::chat_messages(&req.messages)?;
+    let text = app
+        .tokenizer
+        .apply_chat_template(&messages, req.add_generation_prompt)
+        .map_err(|e| ApiError::field("messages", e))?;
+    // The template writes the special tokens itself.
+    let prompt = app
+        .tokenizer
+        .encode(&text, false)
+        .map_err(|e| ApiError::field("messages", e))?;
+    let sampling: SamplingRequest = params::typed(&body)?;
+    // As in vLLM, an unset max_tokens lets the answer run to the context's
+    // end (capped by what the KV cache can ever hold).
+    let params =
+        params::sampling_params(&sampling, logprobs, app.default_max_tokens(prompt.len()))?;
+    let id = app.next_request_id("chatcmpl");
+    let seqs = generate::start(
+        &app,
+        &id,
+        vec![prompt],
+        &params,
+        sampling.priority.unwrap_or(0),
+    )?;
+    let format = Format {
+        id,
+        created: super::unix_now(),
+        app: app.clone(),
+    };
+    if req.stream {
+        let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
+        return Ok(sse::stream(app.clone(), seqs, format, include_usage));
+    }
+    let (choices, usage) = generate::collect(&app, seqs).await?;
+    let choices: Vec<Value> = choices.iter().map(|c| format.choice(c)).collect();
+    Ok(Json(format.object("chat.completion", choices, Some(usage))).into_response())
+}
+
+/// Words the answer's objects.
+struct Format {
+    id: String,
+    created: u64,
+    app: Arc<AppState>,
+}
+
+impl Format {
+    fn object(&self, object: &str, choices: Vec<Value>, usage: Option<Usage>) -> Value {
+        json!({
+            "id": self.id, "object": object, "created": self.created, "model": self.app.model_name,
+            "choices": choices, "usage": usage,
+        })
+    }
+
+    fn choice(&self, c: &Choice) -> Value {
+        let finish = c.finish.as_ref();
+        json!({
+            "index": c.index,
+            "message": {"role": "assistant", "content": c.text},
+            "logprobs": self.logprobs(&c.token_ids, &c.logprobs),
+            "finish_reason": finish.map(|f| f.finish_reason.clone()),
+            "stop_reason": finish.and_then(|f| f.stop_reason.clone()),
+        })
+    }
+
+    /// The chat API's logprobs: one entry per token with its bytes and its
+    /// top alternatives; `null` when none were asked for.
+    fn logprobs(&self, ids: &[u32], logprobs: &[Logprobs]) -> Value {
+        if logprobs.is_empty() {
+            return Value::Null;
+        }
+        let entry = |id: u32, logprob: f32| {
+            let token = token_text(&self.app.tokenizer, id);
+            json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()})
+        };
+        let content: Vec<Value> = ids
+            .iter()
+            .zip(logprobs)
+            .map(|(&id, lp)| {
+                let mut e = entry(id, lp.logprob);
+                e["top_logprobs"] = lp.top.iter().map(|&(t, l)| entry(t, l)).collect();
+                e
+            })
+            .collect();
+        json!({ "content": content })
+    }
+}
+
+impl ChunkFormat for Format {
+    fn opening(&self, index: usize) -> Option<Value> {
+        let choice = json!({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
+        Some(self.object("chat.completion.chunk", vec![choice], None))
+    }
+
+    fn delta(&self, index: usize, delta: &Delta) -> Value {
+        let finish = delta.finish.as_ref();
+        let choice = json!({
+            "index": index,
+            "delta": {"content": delta.text},
+            "logprobs": self.logprobs(&delta.token_ids, &delta.logprobs),
+            "finish_reason": finish.map(|f| f.finish_reason.clone()),
+            "stop_reason": finish.and_then(|f| f.stop_reason.clone()),
+        });
+        self.object("chat.completion.chunk", vec![choice], None)
+    }
+
+    fn usage(&self, usage: Usage) -> Value {
+        self.object("chat.completion.chunk", Vec::new(), Some(usage))
+    }
+}

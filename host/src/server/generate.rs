@@ -1,0 +1,187 @@
+//! One HTTP request's engine requests: its prompts × `n` choices each become
+//! an engine-core request (`<id>-<choice>`), read back through the
+//! frontend's `RequestState` (detokenizer + stop strings) into text deltas.
+//!
+//! A `Sequence` owns its engine output stream, so dropping it (the client
+//! went away, or the HTTP request failed) aborts the engine request and
+//! frees its KV blocks.
+
+use crate::engine::{Delta, EngineCoreRequest, Finish, OutputStream, RequestState};
+use crate::sampling::SamplingParams;
+use crate::tokenizer::Tokenizer;
+use crate::worker::Logprobs;
+
+use super::error::ApiError;
+use super::params::child_params;
+use super::protocol::Usage;
+use super::AppState;
+
+/// One choice of an answer in flight.
+pub struct Sequence {
+    /// The choice's index in the answer (`prompt * n + sample`).
+    pub index: usize,
+    /// Tokens of its prompt.
+    pub num_prompt_tokens: usize,
+    /// Which of its prompt's `n` samples it is.
+    sample: usize,
+    stream: OutputStream,
+    state: RequestState,
+    /// Inter-token latencies already handed to the metrics.
+    itl_seen: usize,
+    done: bool,
+}
+
+/// Queues one engine request per prompt and choice. On error the requests
+/// already queued are dropped, which aborts them.
+pub fn start(
+    app: &AppState,
+    request_id: &str,
+    prompts: Vec<Vec<u32>>,
+    params: &SamplingParams,
+    priority: i32,
+) -> Result<Vec<Sequence>, ApiError> {
+    app.check_serving()?;
+    let n = params.n as usize;
+    let mut seqs = Vec::with_capacity(prompts.len() * n);
+    for (p, prompt) in prompts.into_iter().enumerate() {
+        for j in 0..n {
+            let index = p * n + j;
+            let sampling_params = child_params(params, j as u32);
+            let state = RequestState::new(&app.tokenizer, &sampling_params);
+            let num_prompt_tokens = prompt.len();
+            let stream = app.client.add_request(EngineCoreRequest {
+                request_id: format!("{request_id}-{index}"),
+                prompt_token_ids: prompt.clone(),
+                sampling_params,
+                priority,
+            })?;
+            seqs.push(Sequence {
+                index,
+                num_prompt_tokens,
+                sample: j,
+                stream,
+                state,
+                itl_seen: 0,
+                done: false,
+            });
+        }
+    }
+    Ok(seqs)
+}
+
+impl Sequence {
+    /// The next non-empty delta; `None` after the one that finished the
+    /// choice. Latencies go to the metrics as they are measured.
+    pub async fn next_delta(&mut self, app: &AppState) -> Option<Result<Delta, ApiError>> {
+        while !self.done {
+            let out = match self.stream.next().await {
+                Some(Ok(out)) => out,
+                Some(Err(e)) => return Some(Err(self.fail(e.into()))),
+                None => {
+                    let e = ApiError::internal(
+                        "the engine closed the request's output stream before it finished",
+                    );
+                    return Some(Err(self.fail(e)));
+                }
+            };
+            let delta = match self.state.process(&out) {
+                Ok(delta) => delta,
+                Err(e) => {
+                    return Some(Err(
+                        self.fail(ApiError::internal(format!("detokenizing: {e}")))
+                    ))
+                }
+            };
+            let itls = &self.state.metrics().inter_token_latencies_s;
+            app.metrics.observe_itl(&itls[self.itl_seen..]);
+            self.itl_seen = itls.len();
+            if let Some(finish) = &delta.finish {
+                self.done = true;
+                app.metrics
+                    .observe_finished(self.state.metrics(), &finish.finish_reason);
+                if out.finish_reason.is_none() {
+                    // A stop string ended it here; the engine core still runs it.
+                    app.client
+                        .abort_requests(vec![self.stream.request_id().to_string()]);
+                }
+            }
+            if !delta.text.is_empty() || !delta.token_ids.is_empty() || delta.finish.is_some() {
+                return Some(Ok(delta));
+            }
+        }
+        None
+    }
+
+    fn fail(&mut self, e: ApiError) -> ApiError {
+        self.done = true;
+        e
+    }
+}
+
+/// Prompt tokens of an answer: each prompt counted once, however many
+/// samples were drawn from it (as vLLM's `usage` counts them).
+pub fn prompt_tokens(seqs: &[Sequence]) -> usize {
+    seqs.iter()
+        .filter(|s| s.sample == 0)
+        .map(|s| s.num_prompt_tokens)
+        .sum()
+}
+
+/// A finished choice.
+#[derive(Clone, Debug, Default)]
+pub struct Choice {
+    /// Its index in the answer.
+    pub index: usize,
+    /// The text (stop string removed unless asked to keep it).
+    pub text: String,
+    /// The tokens generated.
+    pub token_ids: Vec<u32>,
+    /// Their logprobs, when asked for.
+    pub logprobs: Vec<Logprobs>,
+    /// Why it ended.
+    pub finish: Option<Finish>,
+}
+
+impl Choice {
+    /// Appends a delta.
+    pub fn push(&mut self, delta: Delta) {
+        self.text.push_str(&delta.text);
+        self.token_ids.extend(delta.token_ids);
+        self.logprobs.extend(delta.logprobs);
+        if delta.finish.is_some() {
+            self.finish = delta.finish;
+        }
+    }
+}
+
+/// Runs every sequence to its end and returns the choices in index order
+/// with the answer's token counts.
+pub async fn collect(
+    app: &AppState,
+    seqs: Vec<Sequence>,
+) -> Result<(Vec<Choice>, Usage), ApiError> {
+    let mut choices = Vec::with_capacity(seqs.len());
+    let prompt_tokens = prompt_tokens(&seqs);
+    // The engine runs them all at once; awaiting them in turn only orders
+    // the reading. Unread ones stay alive (not aborted) meanwhile.
+    let mut seqs = seqs;
+    for seq in &mut seqs {
+        let mut choice = Choice {
+            index: seq.index,
+            ..Choice::default()
+        };
+        while let Some(delta) = seq.next_delta(app).await {
+            choice.push(delta?);
+        }
+        choices.push(choice);
+    }
+    let completion_tokens = choices.iter().map(|c| c.token_ids.len()).sum();
+    Ok((choices, Usage::new(prompt_tokens, completion_tokens)))
+}
+
+/// The text of one token as the logprobs fields show it.
+pub fn token_text(tokenizer: &Tokenizer, id: u32) -> String {
+    tokenizer
+        .decode(&[id], false)
+        .unwrap_or_else(|_| format!("<token {id}>"))
+}

@@ -1,0 +1,326 @@
+//! `/metrics`: Prometheus text format under vLLM's metric names, so
+//! dashboards and autoscalers written for vLLM work unchanged.
+//!
+//! Gauges and token counters come from the engine core's counters
+//! (`EngineStats`); the latency histograms are measured here in the server,
+//! from the arrival times of each request's outputs (`RequestMetrics`),
+//! with vLLM's bucket boundaries.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+
+use crate::engine::{EngineStats, RequestMetrics};
+
+/// `vllm:time_to_first_token_seconds` buckets (vLLM 0.x, 22 boundaries).
+const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+
+/// `vllm:inter_token_latency_seconds` buckets (19 boundaries).
+const ITL_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+];
+
+/// `vllm:e2e_request_latency_seconds` buckets (21 boundaries).
+const E2E_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+
+/// A cumulative Prometheus histogram.
+#[derive(Debug)]
+struct Histogram {
+    bounds: &'static [f64],
+    /// Per bucket (non-cumulative), plus the `+Inf` overflow at the end.
+    counts: Vec<u64>,
+    sum: f64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            counts: vec![0; bounds.len() + 1],
+            sum: 0.0,
+        }
+    }
+
+    fn observe(&mut self, v: f64) {
+        let i = self
+            .bounds
+            .iter()
+            .position(|&b| v <= b)
+            .unwrap_or(self.bounds.len());
+        self.counts[i] += 1;
+        self.sum += v;
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (i, c) in self.counts.iter().enumerate() {
+            cumulative += c;
+            let le = self
+                .bounds
+                .get(i)
+                .map_or("+Inf".to_string(), |b| format!("{b:?}"));
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+        }
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum);
+        let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
+    }
+}
+
+/// What the server measured itself.
+#[derive(Debug)]
+struct Measured {
+    ttft: Histogram,
+    itl: Histogram,
+    e2e: Histogram,
+    /// Finished requests by `finished_reason`.
+    success: BTreeMap<String, u64>,
+}
+
+/// The server's metrics: histograms it measures, rendered together with the
+/// engine core's counters.
+#[derive(Debug)]
+pub struct Metrics {
+    model_name: String,
+    measured: Mutex<Measured>,
+}
+
+impl Metrics {
+    /// Empty metrics for the model served as `model_name` (a label on every
+    /// series, as in vLLM).
+    pub fn new(model_name: &str) -> Metrics {
+        Metrics {
+            model_name: model_name.to_string(),
+            measured: Mutex::new(Measured {
+                ttft: Histogram::new(TTFT_BUCKETS),
+                itl: Histogram::new(ITL_BUCKETS),
+                e2e: Histogram::new(E2E_BUCKETS),
+                success: ["stop", "length", "abort"]
+                    .iter()
+                    .map(|r| (r.to_string(), 0))
+                    .collect(),
+            }),
+        }
+    }
+
+    fn measured(&self) -> std::sync::MutexGuard<'_, Measured> {
+        // A panic while holding the lock cannot leave the counters torn
+        // beyond one observation; keep serving them.
+        self.measured.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records inter-token latencies as they arrive.
+    pub fn observe_itl(&self, latencies_s: &[f64]) {
+        let mut m = self.measured();
+        for &v in latencies_s {
+            m.itl.observe(v);
+        }
+    }
+
+    /// Records a finished request: its time to first token, end-to-end
+    /// latency and finish reason.
+    pub fn observe_finished(&self, metrics: &RequestMetrics, finish_reason: &str) {
+        let mut m = self.measured();
+        if let Some(t) = metrics.time_to_first_token_s {
+            m.ttft.observe(t);
+        }
+        if let Some(t) = metrics.e2e_latency_s {
+            m.e2e.observe(t);
+        }
+        *m.success.entry(finish_reason.to_string()).or_default() += 1;
+    }
+
+    /// The Prometheus text exposition of everything.
+    pub fn render(&self, stats: &EngineStats) -> String {
+        let labels = format!("model_name=\"{}\",engine=\"0\"", escape(&self.model_name));
+        let mut out = String::with_capacity(8 << 10);
+        let s = &stats.scheduler;
+        let gauges: [(&str, &str, f64); 3] = [
+            (
+                "vllm:num_requests_running",
+                "Requests in the running batch.",
+                s.num_running as f64,
+            ),
+            (
+                "vllm:num_requests_waiting",
+                "Requests waiting to be scheduled.",
+                s.num_waiting as f64,
+            ),
+            (
+                "vllm:kv_cache_usage_perc",
+                "KV-cache usage; 1 means 100 percent.",
+                s.kv_cache_usage,
+            ),
+        ];
+        for (name, help, v) in gauges {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{labels}}} {v}"
+            );
+        }
+        let counters: [(&str, &str, u64); 5] = [
+            (
+                "vllm:prompt_tokens_total",
+                "Prompt tokens admitted.",
+                stats.num_prompt_tokens,
+            ),
+            (
+                "vllm:generation_tokens_total",
+                "Tokens generated.",
+                stats.num_generation_tokens,
+            ),
+            (
+                "vllm:prefix_cache_queries_total",
+                "Prompt tokens looked up in the prefix cache.",
+                s.prefix_cache.queries,
+            ),
+            (
+                "vllm:prefix_cache_hits_total",
+                "Prompt tokens found in the prefix cache.",
+                s.prefix_cache.hits,
+            ),
+            (
+                "vllm:num_preemptions_total",
+                "Preemptions.",
+                s.num_preemptions,
+            ),
+        ];
+        for (name, help, v) in counters {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{labels}}} {v}"
+            );
+        }
+        let m = self.measured();
+        let name = "vllm:request_success_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Finished requests by finish reason.\n# TYPE {name} counter"
+        );
+        for (reason, n) in &m.success {
+            let _ = writeln!(
+                out,
+                "{name}{{{labels},finished_reason=\"{}\"}} {n}",
+                escape(reason)
+            );
+        }
+        m.ttft.render(
+            &mut out,
+            "vllm:time_to_first_token_seconds",
+            "Time to first token.",
+            &labels,
+        );
+        m.itl.render(
+            &mut out,
+            "vllm:inter_token_latency_seconds",
+            "Time between output tokens.",
+            &labels,
+        );
+        m.e2e.render(
+            &mut out,
+            "vllm:e2e_request_latency_seconds",
+            "End-to-end request latency.",
+            &labels,
+        );
+        out
+    }
+}
+
+/// Escapes a Prometheus label value.
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv_cache::PrefixCacheStats;
+    use crate::scheduler::SchedulerStats;
+
+    #[test]
+    fn vllm_bucket_counts() {
+        // vLLM's lists have 22, 19 and 21 boundaries; a dashboard's `le`
+        // thresholds must line up with them.
+        assert_eq!(
+            (TTFT_BUCKETS.len(), ITL_BUCKETS.len(), E2E_BUCKETS.len()),
+            (22, 19, 21)
+        );
+        for b in [TTFT_BUCKETS, ITL_BUCKETS, E2E_BUCKETS] {
+            assert!(b.windows(2).all(|w| w[0] < w[1]));
+        }
+    }
+
+    #[test]
+    fn histogram_is_cumulative_with_inf() {
+        let mut h = Histogram::new(&[0.1, 1.0]);
+        for v in [0.05, 0.1, 0.5, 3.0] {
+            h.observe(v);
+        }
+        let mut out = String::new();
+        h.render(&mut out, "x", "help", "a=\"b\"");
+        assert!(out.contains("x_bucket{a=\"b\",le=\"0.1\"} 2\n"), "{out}");
+        assert!(out.contains("x_bucket{a=\"b\",le=\"1.0\"} 3\n"), "{out}");
+        assert!(out.contains("x_bucket{a=\"b\",le=\"+Inf\"} 4\n"), "{out}");
+        assert!(out.contains("x_sum{a=\"b\"} 3.65\n"), "{out}");
+        assert!(out.contains("x_count{a=\"b\"} 4\n"), "{out}");
+    }
+
+    #[test]
+    fn renders_vllm_series() {
+        let m = Metrics::new("m\"x");
+        let rm = RequestMetrics {
+            time_to_first_token_s: Some(0.2),
+            inter_token_latencies_s: vec![],
+            e2e_latency_s: Some(1.2),
+        };
+        m.observe_finished(&rm, "length");
+        m.observe_itl(&[0.02, 0.03]);
+        let stats = EngineStats {
+            scheduler: SchedulerStats {
+                num_running: 3,
+                num_waiting: 2,
+                kv_cache_usage: 0.25,
+                prefix_cache: PrefixCacheStats {
+                    requests: 1,
+                    queries: 10,
+                    hits: 4,
+                },
+                num_preemptions: 1,
+                num_policy_fallbacks: 0,
+            },
+            num_prompt_tokens: 100,
+            num_generation_tokens: 50,
+            last_step: Default::default(),
+        };
+        let text = m.render(&stats);
+        let labels = "model_name=\"m\\\"x\",engine=\"0\"";
+        for line in [
+            format!("vllm:num_requests_running{{{labels}}} 3"),
+            format!("vllm:num_requests_waiting{{{labels}}} 2"),
+            format!("vllm:kv_cache_usage_perc{{{labels}}} 0.25"),
+            format!("vllm:prompt_tokens_total{{{labels}}} 100"),
+            format!("vllm:generation_tokens_total{{{labels}}} 50"),
+            format!("vllm:prefix_cache_hits_total{{{labels}}} 4"),
+            format!("vllm:request_success_total{{{labels},finished_reason=\"length\"}} 1"),
+            format!("vllm:request_success_total{{{labels},finished_reason=\"stop\"}} 0"),
+            format!("vllm:time_to_first_token_seconds_bucket{{{labels},le=\"0.25\"}} 1"),
+            format!("vllm:time_to_first_token_seconds_bucket{{{labels},le=\"0.1\"}} 0"),
+            format!("vllm:inter_token_latency_seconds_count{{{labels}}} 2"),
+            format!("vllm:e2e_request_latency_seconds_sum{{{labels}}} 1.2"),
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing `{line}` in\n{text}"
+            );
+        }
+    }
+}

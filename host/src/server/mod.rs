@@ -1,0 +1,242 @@
+//! `host serve`: the OpenAI-compatible HTTP API (vLLM's API server) in
+//! front of the engine core.
+//!
+//! The server is the frontend: it tokenizes, applies the chat template,
+//! fans `n` choices out into engine requests, and turns engine-core outputs
+//! into text through `RequestState` (detokenizer + stop strings). The engine
+//! core runs on its own threads behind `EngineCoreClient`.
+//!
+//! Modules: `protocol` (wire types), `params` (validation), `completions` and
+//! `chat` (the two generation endpoints), `generate` (engine requests of one
+//! HTTP request), `sse` (streaming), `metrics` (Prometheus), `auth`
+//! (`--api-key`), `routes` (router and small endpoints), `error`.
+
+mod auth;
+mod chat;
+mod completions;
+mod error;
+mod generate;
+mod metrics;
+mod params;
+pub mod protocol;
+mod routes;
+mod sse;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+
+pub use error::ApiError;
+pub use metrics::Metrics;
+
+use crate::config::{EngineConfig, ServerConfig};
+use crate::engine::EngineCoreClient;
+use crate::tokenizer::Tokenizer;
+
+/// How long a draining shutdown waits for running requests before it
+/// aborts them.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long the server keeps answering 503 after the engine died, so
+/// clients see why, before the process exits non-zero.
+const DEAD_GRACE: Duration = Duration::from_secs(1);
+
+/// What every handler shares.
+pub struct AppState {
+    /// The engine core.
+    pub client: EngineCoreClient,
+    /// The model's tokenizer (and chat template).
+    pub tokenizer: Tokenizer,
+    /// The server's own measurements.
+    pub metrics: Metrics,
+    /// The id clients send as `model`.
+    pub model_name: String,
+    /// `[server]`.
+    pub config: ServerConfig,
+    /// Unix time the server started (`/v1/models`' `created`).
+    pub created: u64,
+    shutting_down: AtomicBool,
+    next_id: AtomicU64,
+}
+
+impl AppState {
+    /// Shared state over a started engine.
+    pub fn new(client: EngineCoreClient, tokenizer: Tokenizer, config: &EngineConfig) -> AppState {
+        let model_name = served_model_name(config);
+        AppState {
+            client,
+            tokenizer,
+            metrics: Metrics::new(&model_name),
+            model_name,
+            config: config.server.clone(),
+            created: unix_now(),
+            shutting_down: AtomicBool::new(false),
+            next_id: AtomicU64::new(0),
+        }
+    }
+
+    /// 503 unless the engine is alive and the server not shutting down.
+    pub fn check_serving(&self) -> Result<(), ApiError> {
+        if self.shutting_down.load(Ordering::Relaxed) {
+            return Err(ApiError::unavailable("the server is shutting down"));
+        }
+        if !self.client.is_alive() {
+            return Err(ApiError::unavailable(
+                "the engine is dead; see the server's log for why",
+            ));
+        }
+        Ok(())
+    }
+
+    /// A request's `model` must be the served one (or absent).
+    pub fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+        match model {
+            Some(m) if m != self.model_name => Err(ApiError::field(
+                "model",
+                format!(
+                    "the model `{m}` does not exist; this server serves `{}`",
+                    self.model_name
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// A fresh request id, unique within this server's life.
+    pub fn next_request_id(&self, prefix: &str) -> String {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        format!("{prefix}-{:x}-{n}", self.created)
+    }
+
+    /// `max_tokens` of a request that sets none: the rest of the context.
+    pub fn default_max_tokens(&self, prompt_len: usize) -> u32 {
+        u32::try_from(
+            self.client
+                .max_model_len()
+                .saturating_sub(prompt_len)
+                .max(1),
+        )
+        .unwrap_or(u32::MAX)
+    }
+}
+
+/// `server.served_model_name`, or the model file's name without extension.
+pub fn served_model_name(config: &EngineConfig) -> String {
+    if !config.server.served_model_name.is_empty() {
+        return config.server.served_model_name.clone();
+    }
+    config
+        .model
+        .path
+        .file_stem()
+        .map_or_else(|| "model".to_string(), |s| s.to_string_lossy().into_owned())
+}
+
+/// The request body, or the error its reading met (413 past the limit).
+fn read_body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|e| {
+        ApiError::with_status(
+            e.status(),
+            format!("cannot read the request body: {}", e.body_text()),
+        )
+    })
+}
+
+/// Seconds since the Unix epoch.
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Starts the engine, then serves until SIGTERM / Ctrl-C (exit 0) or until
+/// the engine dies (an error, so the process exits non-zero).
+pub fn serve(config: &EngineConfig) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("http")
+        .build()
+        .context("starting the HTTP server's runtime")?;
+    runtime.block_on(run(config))
+}
+
+async fn run(config: &EngineConfig) -> anyhow::Result<()> {
+    let addr = format!("{}:{}", config.server.host, config.server.port);
+    // Bind first: a taken port should fail before a slow model load.
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} (server.host / server.port)"))?;
+    let engine_config = config.clone();
+    let (client, tokenizer) =
+        tokio::task::spawn_blocking(move || EngineCoreClient::start_in_process(&engine_config))
+            .await
+            .context("the engine start-up panicked")??;
+    let app = Arc::new(AppState::new(client.clone(), tokenizer, config));
+    let local = listener.local_addr()?;
+    // Tests and scripts wait for this line.
+    println!(
+        "host serve: model `{}` listening on http://{local}",
+        app.model_name
+    );
+    tracing::info!(%local, "serving");
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let server =
+        axum::serve(listener, routes::router(app.clone())).with_graceful_shutdown(async move {
+            let mut rx = stop_rx;
+            let _ = rx.wait_for(|stop| *stop).await;
+        });
+    let server = tokio::spawn(async move { server.await });
+
+    tokio::select! {
+        stopped = client.stopped() => {
+            let reason = stopped.unwrap_or_else(|| "it was shut down".into());
+            // Requests meanwhile get 503 (`check_serving` sees the engine dead).
+            tracing::error!(%reason, "the engine died");
+            tokio::time::sleep(DEAD_GRACE).await;
+            let _ = stop_tx.send(true);
+            let _ = tokio::time::timeout(DEAD_GRACE, server).await;
+            anyhow::bail!("the engine died: {reason}")
+        }
+        () = shutdown_signal() => {
+            let drain = config.server.drain_on_shutdown;
+            tracing::info!(drain, "shutting down");
+            app.shutting_down.store(true, Ordering::Relaxed);
+            let _ = stop_tx.send(true);
+            if !drain {
+                client.shutdown(false);
+            }
+            if tokio::time::timeout(DRAIN_TIMEOUT, server).await.is_err() {
+                tracing::warn!("requests still running after {DRAIN_TIMEOUT:?}; aborting them");
+            }
+            client.shutdown(false);
+            Ok(())
+        }
+    }
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}

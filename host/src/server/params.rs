@@ -1,0 +1,435 @@
+//! Request validation: the JSON body into typed fields, the sampling fields
+//! into a validated `SamplingParams`, prompts into token ids. Every error is
+//! a 400 that names the field (`param`) and says what would be right.
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use super::error::ApiError;
+use super::protocol::{MessageContent, RequestMessage, SamplingRequest, StopField};
+use crate::sampling::{SamplingParams, SamplingParamsError};
+use crate::tokenizer::ChatMessage;
+
+/// Parses the body as a JSON object (the caller reads the typed parts from
+/// it with [`typed`]).
+pub fn json_object(body: &[u8]) -> Result<Value, ApiError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(None, format!("the request body is not valid JSON: {e}"))
+    })?;
+    if !value.is_object() {
+        return Err(ApiError::bad_request(
+            None,
+            "the request body must be a JSON object",
+        ));
+    }
+    Ok(value)
+}
+
+/// Reads `T` from the body's object; a missing or mistyped field is an error
+/// naming it (its path, e.g. `messages[0].role`).
+pub fn typed<T: DeserializeOwned>(body: &Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(body).map_err(
+        |e: serde_path_to_error::Error<serde_json::Error>| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            if path == "." {
+                // serde names a missing top-level field in the message itself.
+                ApiError::bad_request(missing_field(&inner.to_string()), inner.to_string())
+            } else {
+                ApiError::field(&path, inner)
+            }
+        },
+    )
+}
+
+/// `missing field `x`` → `x`.
+fn missing_field(message: &str) -> Option<String> {
+    let rest = message.strip_prefix("missing field `")?;
+    Some(rest.split('`').next()?.to_string())
+}
+
+/// Fields some clients send that this server does not implement; a request
+/// that sets one is refused rather than silently answered without it.
+const UNSUPPORTED: &[(&str, &str)] = &[
+    ("echo", "echoing the prompt is not supported"),
+    ("suffix", "suffixes are not supported"),
+    (
+        "logit_bias",
+        "logit_bias is not supported; a sampler plugin can take it through extra_args",
+    ),
+    ("tools", "tool calling is not supported"),
+    ("functions", "function calling is not supported"),
+    ("response_format", "structured output is not supported"),
+];
+
+/// Refuses a request that sets an unsupported field to anything but its
+/// neutral value (`null`, `false`, empty, or `best_of` ≤ 1).
+pub fn refuse_unsupported(body: &Value) -> Result<(), ApiError> {
+    let neutral = |v: &Value| match v {
+        Value::Null | Value::Bool(false) => true,
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty() || o.get("type").and_then(Value::as_str) == Some("text"),
+        Value::Number(_) | Value::Bool(true) => false,
+    };
+    for (field, why) in UNSUPPORTED {
+        if body.get(*field).is_some_and(|v| !neutral(v)) {
+            return Err(ApiError::field(field, why));
+        }
+    }
+    if body
+        .get("best_of")
+        .and_then(Value::as_u64)
+        .is_some_and(|b| b > 1)
+    {
+        return Err(ApiError::field(
+            "best_of",
+            "best_of > 1 is not supported; use n",
+        ));
+    }
+    Ok(())
+}
+
+/// The sampling parameters of a request, validated. `logprobs` is the
+/// endpoint's own reading of its logprobs fields; `default_max_tokens` is
+/// used when the request sets neither `max_tokens` nor
+/// `max_completion_tokens`.
+pub fn sampling_params(
+    req: &SamplingRequest,
+    logprobs: Option<u32>,
+    default_max_tokens: u32,
+) -> Result<SamplingParams, ApiError> {
+    let d = SamplingParams::default();
+    let extra_args = match (&req.extra_args, &req.vllm_xargs) {
+        (None, None) => None,
+        (Some(e), None) => Some(e.clone()),
+        (None, Some(x)) => Some(Value::Object(x.clone())),
+        (Some(Value::Object(e)), Some(x)) => {
+            let mut merged = e.clone();
+            merged.extend(x.clone());
+            Some(Value::Object(merged))
+        }
+        (Some(_), Some(_)) => {
+            return Err(ApiError::field(
+                "extra_args",
+                "must be an object when vllm_xargs is also given",
+            ))
+        }
+    };
+    let params = SamplingParams {
+        n: req.n.unwrap_or(d.n),
+        temperature: req.temperature.unwrap_or(d.temperature),
+        top_p: req.top_p.unwrap_or(d.top_p),
+        top_k: req.top_k.unwrap_or(d.top_k),
+        min_p: req.min_p.unwrap_or(d.min_p),
+        presence_penalty: req.presence_penalty.unwrap_or(d.presence_penalty),
+        frequency_penalty: req.frequency_penalty.unwrap_or(d.frequency_penalty),
+        repetition_penalty: req.repetition_penalty.unwrap_or(d.repetition_penalty),
+        seed: req.seed,
+        max_tokens: req
+            .max_completion_tokens
+            .or(req.max_tokens)
+            .unwrap_or(default_max_tokens),
+        min_tokens: req.min_tokens.unwrap_or(d.min_tokens),
+        stop: match &req.stop {
+            None => Vec::new(),
+            Some(StopField::One(s)) => vec![s.clone()],
+            Some(StopField::Many(v)) => v.clone(),
+        },
+        stop_token_ids: req.stop_token_ids.clone().unwrap_or_default(),
+        ignore_eos: req.ignore_eos.unwrap_or(d.ignore_eos),
+        include_stop_str_in_output: req
+            .include_stop_str_in_output
+            .unwrap_or(d.include_stop_str_in_output),
+        logprobs,
+        skip_special_tokens: req.skip_special_tokens.unwrap_or(d.skip_special_tokens),
+        extra_args,
+    };
+    params.validate().map_err(|e| {
+        let SamplingParamsError::OutOfRange { field, .. } = &e;
+        // The chat API's name for the logprobs count is `top_logprobs`.
+        ApiError::field(field, e.to_string().trim_start_matches(field).trim_start())
+    })?;
+    Ok(params)
+}
+
+/// The seed of choice `index` of `n`: seeded requests give each choice its
+/// own stream (seed + index, as vLLM's parallel sampling does), so the
+/// choices differ but the whole answer is reproducible.
+pub fn child_params(params: &SamplingParams, index: u32) -> SamplingParams {
+    SamplingParams {
+        n: 1,
+        seed: params.seed.map(|s| s.wrapping_add(u64::from(index))),
+        ..params.clone()
+    }
+}
+
+/// A completion prompt: text to tokenize, or token ids as given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PromptInput {
+    /// Text.
+    Text(String),
+    /// Token ids.
+    Tokens(Vec<u32>),
+}
+
+/// Classifies `/v1/completions`' `prompt`: a string, a list of strings, a
+/// list of token ids or a list of token-id lists (a batch).
+pub fn prompts_of(prompt: &Value) -> Result<Vec<PromptInput>, ApiError> {
+    let bad = || {
+        ApiError::field(
+            "prompt",
+            "must be a string, a list of strings, a list of token ids, or a list of token-id lists",
+        )
+    };
+    let token_ids = |items: &[Value]| -> Option<Vec<u32>> {
+        items
+            .iter()
+            .map(|v| v.as_u64().and_then(|t| u32::try_from(t).ok()))
+            .collect()
+    };
+    let prompts = match prompt {
+        Value::String(s) => vec![PromptInput::Text(s.clone())],
+        Value::Array(items) if items.is_empty() => {
+            return Err(ApiError::field("prompt", "must not be empty"))
+        }
+        Value::Array(items) if items[0].is_string() => items
+            .iter()
+            .map(|v| v.as_str().map(|s| PromptInput::Text(s.to_string())))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(bad)?,
+        Value::Array(items) if items[0].is_number() => {
+            vec![PromptInput::Tokens(token_ids(items).ok_or_else(bad)?)]
+        }
+        Value::Array(items) => items
+            .iter()
+            .map(|v| {
+                v.as_array()
+                    .and_then(|a| token_ids(a))
+                    .map(PromptInput::Tokens)
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(bad)?,
+        _ => return Err(bad()),
+    };
+    Ok(prompts)
+}
+
+/// The chat request's messages as the chat template takes them; text parts
+/// are joined, any other part type is refused.
+pub fn chat_messages(messages: &[RequestMessage]) -> Result<Vec<ChatMessage>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::field(
+            "messages",
+            "must hold at least one message",
+        ));
+    }
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let content = match &m.content {
+                None => String::new(),
+                Some(MessageContent::Text(s)) => s.clone(),
+                Some(MessageContent::Parts(parts)) => {
+                    let mut text = String::new();
+                    for (j, p) in parts.iter().enumerate() {
+                        match (p.kind.as_str(), &p.text) {
+                            ("text", Some(t)) => text.push_str(t),
+                            ("text", None) => {
+                                return Err(ApiError::field(
+                                    &format!("messages[{i}].content[{j}].text"),
+                                    "is missing",
+                                ))
+                            }
+                            (other, _) => {
+                                return Err(ApiError::field(
+                                    &format!("messages[{i}].content[{j}].type"),
+                                    format!("is `{other}`; this model takes `text` parts only"),
+                                ))
+                            }
+                        }
+                    }
+                    text
+                }
+            };
+            Ok(ChatMessage::new(m.role.clone(), content))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::protocol::{ChatCompletionRequest, CompletionRequest};
+    use serde_json::json;
+
+    fn sampling(body: Value) -> Result<SamplingParams, ApiError> {
+        sampling_params(&typed::<SamplingRequest>(&body)?, None, 16)
+    }
+
+    #[test]
+    fn wrong_types_name_the_field() {
+        let e = typed::<SamplingRequest>(&json!({"max_tokens": "ten"})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_tokens"), "{e:?}");
+        let e = typed::<SamplingRequest>(&json!({"max_tokens": -1})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_tokens"), "{e:?}");
+        let e =
+            typed::<ChatCompletionRequest>(&json!({"messages": [{"content": "hi"}]})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0]"), "{e:?}");
+        assert!(e.message.contains("role"), "{e:?}");
+        let e = typed::<CompletionRequest>(&json!({"model": "m"})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("prompt"), "{e:?}");
+    }
+
+    #[test]
+    fn out_of_range_values_name_the_field() {
+        for (body, field) in [
+            (json!({"max_tokens": 0}), "max_tokens"),
+            (json!({"temperature": -0.5}), "temperature"),
+            (json!({"top_p": 0.0}), "top_p"),
+            (json!({"top_k": -2}), "top_k"),
+            (json!({"min_p": 1.5}), "min_p"),
+            (json!({"presence_penalty": 3.0}), "presence_penalty"),
+            (json!({"frequency_penalty": -2.5}), "frequency_penalty"),
+            (json!({"repetition_penalty": 0.0}), "repetition_penalty"),
+            (json!({"n": 0}), "n"),
+            (json!({"stop": ["", "x"]}), "stop"),
+        ] {
+            let e = sampling(body.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(field), "{body}: {e:?}");
+            assert!(
+                e.message.starts_with(&format!("`{field}`")),
+                "{body}: {e:?}"
+            );
+        }
+        let e = sampling_params(&SamplingRequest::default(), Some(21), 16).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("logprobs"));
+    }
+
+    #[test]
+    fn fields_reach_sampling_params() {
+        let p = sampling(json!({
+            "temperature": 0.5, "top_p": 0.9, "top_k": 5, "min_p": 0.1, "seed": 7, "max_tokens": 9,
+            "stop": "END", "presence_penalty": 0.5, "frequency_penalty": 0.25, "repetition_penalty": 1.1,
+            "extra_args": {"a": 1}, "vllm_xargs": {"b": 2}, "ignore_eos": true, "min_tokens": 2,
+        }))
+        .unwrap();
+        assert_eq!(
+            (p.temperature, p.top_p, p.top_k, p.min_p),
+            (0.5, 0.9, 5, 0.1)
+        );
+        assert_eq!((p.seed, p.max_tokens, p.min_tokens), (Some(7), 9, 2));
+        assert_eq!(p.stop, vec!["END".to_string()]);
+        assert_eq!(
+            (
+                p.presence_penalty,
+                p.frequency_penalty,
+                p.repetition_penalty
+            ),
+            (0.5, 0.25, 1.1)
+        );
+        assert_eq!(p.extra_args, Some(json!({"a": 1, "b": 2})));
+        assert!(p.ignore_eos);
+        // max_completion_tokens wins; the default applies when neither is set.
+        assert_eq!(
+            sampling(json!({"max_tokens": 3, "max_completion_tokens": 4}))
+                .unwrap()
+                .max_tokens,
+            4
+        );
+        assert_eq!(sampling(json!({})).unwrap().max_tokens, 16);
+    }
+
+    #[test]
+    fn children_get_distinct_reproducible_seeds() {
+        let p = SamplingParams {
+            n: 3,
+            seed: Some(10),
+            ..SamplingParams::default()
+        };
+        let seeds: Vec<_> = (0..3).map(|i| child_params(&p, i).seed).collect();
+        assert_eq!(seeds, vec![Some(10), Some(11), Some(12)]);
+        assert_eq!(child_params(&p, 2).n, 1);
+        let unseeded = SamplingParams {
+            n: 2,
+            ..SamplingParams::default()
+        };
+        assert_eq!(child_params(&unseeded, 1).seed, None);
+    }
+
+    #[test]
+    fn prompts_are_classified() {
+        assert_eq!(
+            prompts_of(&json!("hi")).unwrap(),
+            vec![PromptInput::Text("hi".into())]
+        );
+        assert_eq!(prompts_of(&json!(["a", "b"])).unwrap().len(), 2);
+        assert_eq!(
+            prompts_of(&json!([1, 2, 3])).unwrap(),
+            vec![PromptInput::Tokens(vec![1, 2, 3])]
+        );
+        assert_eq!(prompts_of(&json!([[1], [2, 3]])).unwrap().len(), 2);
+        for bad in [
+            json!(5),
+            json!([]),
+            json!(["a", 1]),
+            json!([1, -2]),
+            json!([[1], "x"]),
+            json!({"a": 1}),
+        ] {
+            assert_eq!(
+                prompts_of(&bad).unwrap_err().param.as_deref(),
+                Some("prompt"),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn chat_content_parts_are_joined_or_refused() {
+        let req: ChatCompletionRequest = typed(&json!({"messages": [
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": null},
+        ]}))
+        .unwrap();
+        let msgs = chat_messages(&req.messages).unwrap();
+        assert_eq!(
+            msgs,
+            vec![
+                ChatMessage::new("user", "ab"),
+                ChatMessage::new("assistant", "")
+            ]
+        );
+        let req: ChatCompletionRequest =
+            typed(&json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}))
+                .unwrap();
+        let e = chat_messages(&req.messages).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].content[0].type"));
+        assert_eq!(
+            chat_messages(&[]).unwrap_err().param.as_deref(),
+            Some("messages")
+        );
+    }
+
+    #[test]
+    fn unsupported_fields_are_refused_unless_neutral() {
+        assert!(refuse_unsupported(&json!({"echo": false, "tools": [], "best_of": 1})).is_ok());
+        assert!(refuse_unsupported(&json!({"response_format": {"type": "text"}})).is_ok());
+        for (body, field) in [
+            (json!({"echo": true}), "echo"),
+            (json!({"logit_bias": {"5": 1}}), "logit_bias"),
+            (json!({"best_of": 2}), "best_of"),
+            (
+                json!({"response_format": {"type": "json_object"}}),
+                "response_format",
+            ),
+        ] {
+            assert_eq!(
+                refuse_unsupported(&body).unwrap_err().param.as_deref(),
+                Some(field),
+                "{body}"
+            );
+        }
+    }
+}

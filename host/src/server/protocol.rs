@@ -1,0 +1,223 @@
+//! The OpenAI wire format: request bodies as clients send them and the
+//! response bodies and stream chunks we send back (vLLM's
+//! `entrypoints/openai/protocol.py`, trimmed to what this engine serves).
+//!
+//! Requests are read in two parts from the same JSON object: the endpoint's
+//! own fields (`CompletionRequest`, `ChatCompletionRequest`) and the sampling
+//! fields both endpoints share (`SamplingRequest`). Unknown fields are
+//! ignored, as vLLM and OpenAI do, so clients that send extra keys work.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// `stream_options` of a streaming request.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct StreamOptions {
+    /// Send a last chunk carrying `usage` (and no choices) before `[DONE]`.
+    pub include_usage: bool,
+}
+
+/// `POST /v1/completions`: the endpoint's own fields.
+#[derive(Clone, Debug, Deserialize)]
+pub struct CompletionRequest {
+    /// The served model's id; optional (the one model is meant).
+    #[serde(default)]
+    pub model: Option<String>,
+    /// A string, a list of strings, a list of token ids, or a list of
+    /// token-id lists; classified by [`super::params::prompts_of`].
+    pub prompt: Value,
+    /// Answer with server-sent events as tokens are produced.
+    #[serde(default)]
+    pub stream: bool,
+    /// Options of a streamed answer.
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    /// Top log-probabilities to return per token (0..=20); `None` for none.
+    #[serde(default)]
+    pub logprobs: Option<u32>,
+}
+
+/// Message content: a string, or a list of parts of which only `text`
+/// parts are supported.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    /// Plain text.
+    Text(String),
+    /// Typed parts (`{"type": "text", "text": "..."}`).
+    Parts(Vec<ContentPart>),
+}
+
+/// One part of a message's content.
+#[derive(Clone, Debug, Deserialize)]
+pub struct ContentPart {
+    /// `text` is the only type this text-only model takes.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The text of a `text` part.
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+/// One message of a chat request.
+#[derive(Clone, Debug, Deserialize)]
+pub struct RequestMessage {
+    /// `system`, `user`, `assistant`, ...
+    pub role: String,
+    /// The message text; `null` is taken as empty.
+    #[serde(default)]
+    pub content: Option<MessageContent>,
+}
+
+/// `POST /v1/chat/completions`: the endpoint's own fields.
+#[derive(Clone, Debug, Deserialize)]
+pub struct ChatCompletionRequest {
+    /// The served model's id; optional (the one model is meant).
+    #[serde(default)]
+    pub model: Option<String>,
+    /// The conversation so far.
+    pub messages: Vec<RequestMessage>,
+    /// Answer with server-sent events as tokens are produced.
+    #[serde(default)]
+    pub stream: bool,
+    /// Options of a streamed answer.
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    /// Return the sampled tokens' log-probabilities.
+    #[serde(default)]
+    pub logprobs: bool,
+    /// Also return this many most likely alternatives per token (0..=20);
+    /// needs `logprobs: true`.
+    #[serde(default)]
+    pub top_logprobs: Option<u32>,
+    /// Open the assistant's turn after the messages (default true).
+    #[serde(default = "yes")]
+    pub add_generation_prompt: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `stop`: one string or a list of them.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum StopField {
+    /// One stop string.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+/// The sampling fields both endpoints share (vLLM's extra parameters
+/// included); `None` keeps `SamplingParams`' default.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct SamplingRequest {
+    /// Completions per prompt; each is its own engine request.
+    pub n: Option<u32>,
+    /// Softmax temperature; 0 is greedy.
+    pub temperature: Option<f32>,
+    /// Nucleus sampling mass.
+    pub top_p: Option<f32>,
+    /// Keep the k most likely tokens; 0 or -1 disable.
+    pub top_k: Option<i32>,
+    /// Minimum probability relative to the most likely token.
+    pub min_p: Option<f32>,
+    /// OpenAI presence penalty.
+    pub presence_penalty: Option<f32>,
+    /// OpenAI frequency penalty.
+    pub frequency_penalty: Option<f32>,
+    /// vLLM's repetition penalty.
+    pub repetition_penalty: Option<f32>,
+    /// Seed of the request's random generator.
+    pub seed: Option<u64>,
+    /// Most tokens to generate.
+    pub max_tokens: Option<u32>,
+    /// The chat API's newer name for `max_tokens` (wins when both are set).
+    pub max_completion_tokens: Option<u32>,
+    /// EOS and stop tokens are suppressed until this many were generated.
+    pub min_tokens: Option<u32>,
+    /// Stop strings.
+    pub stop: Option<StopField>,
+    /// Stop token ids.
+    pub stop_token_ids: Option<Vec<u32>>,
+    /// Keep generating after EOS.
+    pub ignore_eos: Option<bool>,
+    /// Keep the matched stop string in the text.
+    pub include_stop_str_in_output: Option<bool>,
+    /// Leave special tokens out of the text.
+    pub skip_special_tokens: Option<bool>,
+    /// Free-form arguments for sampler plugins (`SamplingParams.extra_args`).
+    pub extra_args: Option<Value>,
+    /// vLLM's name for the same thing; merged into `extra_args`.
+    pub vllm_xargs: Option<serde_json::Map<String, Value>>,
+    /// Scheduling priority under the priority policy (smaller runs first).
+    pub priority: Option<i32>,
+}
+
+/// Token counts of a request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    /// Tokens in the prompt(s).
+    pub prompt_tokens: usize,
+    /// Tokens generated over every choice.
+    pub completion_tokens: usize,
+    /// Their sum.
+    pub total_tokens: usize,
+}
+
+impl Usage {
+    /// Counts for `prompt_tokens` and `completion_tokens`.
+    pub fn new(prompt_tokens: usize, completion_tokens: usize) -> Usage {
+        Usage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+        }
+    }
+}
+
+/// An entry of `/v1/models`.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModelCard {
+    /// The id clients send as `model`.
+    pub id: String,
+    /// Always `model`.
+    pub object: &'static str,
+    /// Unix time the server started.
+    pub created: u64,
+    /// Who serves it.
+    pub owned_by: &'static str,
+}
+
+/// `/v1/models`.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModelList {
+    /// Always `list`.
+    pub object: &'static str,
+    /// The served models (one).
+    pub data: Vec<ModelCard>,
+}
+
+/// The body of every error answer: `{"error": {...}}` as OpenAI sends it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ErrorResponse {
+    /// What went wrong.
+    pub error: ErrorInfo,
+}
+
+/// What went wrong, OpenAI-style.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ErrorInfo {
+    /// A sentence naming the field and how to fix it.
+    pub message: String,
+    /// `BadRequestError`, `AuthenticationError`, ... (vLLM's names).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The offending request field, when one is to blame.
+    pub param: Option<String>,
+    /// The HTTP status code.
+    pub code: u16,
+}
