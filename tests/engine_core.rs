@@ -201,3 +201,44 @@ fn shutdown_drains_or_aborts_as_asked() {
         "{end:?}"
     );
 }
+
+/// The pids of this process's child processes (the `mp` workers).
+fn child_pids() -> Vec<u32> {
+    let mut pids = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let children = std::fs::read_to_string(task.unwrap().path().join("children")).unwrap_or_default();
+        pids.extend(children.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+    }
+    pids
+}
+
+#[test]
+fn a_dead_worker_kills_the_engine_and_every_stream_gets_the_sentinel() {
+    let mut c = config(128);
+    c.parallel.distributed_executor_backend = "mp".into();
+    let (client, tokenizer) = EngineCoreClient::start_in_process(&c).unwrap();
+    let ids = tokenizer.encode(TEXTS[4], true).unwrap();
+    let mut stream = client.add_request(request("victim", ids.clone(), greedy(400))).unwrap();
+    stream.blocking_next().unwrap().unwrap();
+    let workers = child_pids();
+    assert_eq!(workers.len(), 1, "one worker process: {workers:?}");
+    let killed = std::process::Command::new("kill").args(["-9", &workers[0].to_string()]).status().unwrap();
+    assert!(killed.success());
+    let end = loop {
+        match stream.blocking_next() {
+            Some(Ok(out)) => assert!(out.finish_reason.is_none(), "the request cannot finish: {out:?}"),
+            Some(Err(e)) => break e,
+            None => panic!("the stream ended without the engine-dead sentinel"),
+        }
+    };
+    match &end {
+        EngineCoreError::Dead(reason) => assert!(reason.contains("rank 0"), "{reason}"),
+        other => panic!("expected the engine-dead sentinel, got {other:?}"),
+    }
+    assert!(!client.is_alive());
+    match client.add_request(request("after", ids, greedy(1))) {
+        Err(EngineCoreError::Dead(reason)) => assert!(reason.contains("rank 0"), "{reason}"),
+        other => panic!("a dead engine refuses work: {:?}", other.map(|s| s.request_id().to_string())),
+    }
+    client.shutdown(false);
+}
