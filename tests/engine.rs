@@ -66,19 +66,25 @@ fn batched_greedy_equals_one_at_a_time() {
     assert_eq!(llm.stats().scheduler.kv_cache_usage, 0.0, "every block is free at the end");
 }
 
+/// Preemption by recompute must not change what a request generates, with
+/// the worker in the engine's process and in a worker process alike.
 #[test]
 fn preemption_does_not_change_outputs() {
     let texts = prompts(10);
     let params = greedy(24);
     let expected = one_at_a_time(&texts, &params);
-    // 16 blocks of 16 tokens cannot hold ten ~50-token sequences at once.
-    let mut llm = Llm::new(&config(16, 128, true)).unwrap();
-    let got = run(&mut llm, &texts, &params);
-    assert!(llm.stats().scheduler.num_preemptions > 0, "the cache was meant to force preemption");
-    for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
-        assert_eq!(g, e, "prompt {i} differs after preemption");
+    for backend in ["uni", "mp"] {
+        // 16 blocks of 16 tokens cannot hold ten ~50-token sequences at once.
+        let mut c = config(16, 128, true);
+        c.parallel.distributed_executor_backend = backend.into();
+        let mut llm = Llm::new(&c).unwrap();
+        let got = run(&mut llm, &texts, &params);
+        assert!(llm.stats().scheduler.num_preemptions > 0, "the cache was meant to force preemption");
+        for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+            assert_eq!(g, e, "prompt {i} differs after preemption ({backend})");
+        }
+        assert_eq!(llm.stats().scheduler.kv_cache_usage, 0.0);
     }
-    assert_eq!(llm.stats().scheduler.kv_cache_usage, 0.0);
 }
 
 #[test]
