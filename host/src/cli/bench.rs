@@ -1,12 +1,13 @@
 //! `host bench`: prefill and single-stream decode speed on the configured
 //! model, measured the way llama-bench's pp/tg tests are (fixed token counts,
-//! several repetitions, the mean and spread reported).
+//! several repetitions, the mean and spread reported). `host bench
+//! throughput` measures batches through the whole engine instead.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::bail;
-use clap::Args;
+use clap::{Args, Subcommand};
 use serde::Serialize;
 
 use crate::engine::startup;
@@ -15,7 +16,11 @@ use crate::model_runner::ModelInput;
 
 /// Flags of `host bench`.
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
+    /// Another benchmark than the default pp/tg test.
+    #[command(subcommand)]
+    pub mode: Option<BenchMode>,
     /// Prompt tokens of the prefill test (llama-bench's pp).
     #[arg(long, default_value_t = 512)]
     pub prompt_tokens: usize,
@@ -30,6 +35,14 @@ pub struct BenchArgs {
     pub json: Option<PathBuf>,
 }
 
+/// The benchmarks besides the default pp/tg test.
+#[derive(Debug, Subcommand)]
+pub enum BenchMode {
+    /// Offline batch throughput through the engine (vLLM's `bench
+    /// throughput`, llama.cpp's `llama-batched-bench`).
+    Throughput(super::bench_throughput::ThroughputArgs),
+}
+
 /// One test's result.
 #[derive(Debug, Serialize)]
 struct TestResult {
@@ -42,6 +55,9 @@ struct TestResult {
 
 /// Runs `host bench`.
 pub fn run(config: &EngineConfig, args: &BenchArgs) -> anyhow::Result<()> {
+    if let Some(BenchMode::Throughput(t)) = &args.mode {
+        return super::bench_throughput::run(config, t);
+    }
     if args.prompt_tokens == 0 || args.gen_tokens == 0 || args.repetitions == 0 {
         bail!("--prompt-tokens, --gen-tokens and --repetitions must be at least 1");
     }

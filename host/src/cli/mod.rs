@@ -4,6 +4,7 @@
 //! same thing.
 
 mod bench;
+mod bench_throughput;
 mod generate;
 mod sampling_args;
 mod serve;
