@@ -1,0 +1,249 @@
+//! A `host serve` process on a free port with the default model, and a
+//! minimal HTTP/1.1 client over `TcpStream` (one request per connection),
+//! so the tests see exactly the bytes a client gets. Every wait is bounded.
+
+#![allow(dead_code)] // each test file uses its own subset
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// How long the model may take to load and the server to answer.
+pub const STARTUP: Duration = Duration::from_secs(120);
+/// How long one request may take.
+pub const REQUEST: Duration = Duration::from_secs(120);
+
+/// A running server; killed when dropped.
+pub struct Server {
+    child: Child,
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+}
+
+impl Server {
+    /// `host [global flags] serve --port 0 [args]` on the default model.
+    pub fn start(args: &[&str]) -> Server {
+        let model = e2e::default_model();
+        let mut child = Command::new(e2e::host_bin())
+            .arg("--model")
+            .arg(&model)
+            .args(["serve", "--host", "127.0.0.1", "--port", "0"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn host serve");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(addr) = line.split("http://").nth(1) {
+                    let _ = tx.send(addr.trim().to_string());
+                }
+            }
+        });
+        let addr = match rx.recv_timeout(STARTUP) {
+            Ok(addr) => addr,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("host serve did not print its address within {STARTUP:?}");
+            }
+        };
+        Server { child, addr }
+    }
+
+    /// The process id (for signals).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `signal` (e.g. `TERM`) with `kill(1)`.
+    pub fn signal(&self, signal: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid().to_string())
+            .status();
+        assert!(ok.is_ok_and(|s| s.success()), "kill -{signal} failed");
+    }
+
+    /// Waits up to `timeout` for the process to exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
+    /// `GET path`.
+    pub fn get(&self, path: &str) -> Response {
+        self.request("GET", path, &[], b"")
+    }
+
+    /// `POST path` with a JSON body.
+    pub fn post(&self, path: &str, body: &Value) -> Response {
+        self.request("POST", path, &[], body.to_string().as_bytes())
+    }
+
+    /// Any request; `Connection: close`, so the response ends at EOF.
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Response {
+        let mut stream = self.send(method, path, headers, body);
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).expect("read the response");
+        Response::parse(&raw)
+    }
+
+    /// Sends a request and returns the open connection, for reading a
+    /// stream piecemeal (and dropping it midway).
+    pub fn send(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> TcpStream {
+        let mut stream = TcpStream::connect(&self.addr).expect("connect");
+        stream.set_read_timeout(Some(REQUEST)).expect("timeout");
+        let mut head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+            self.addr,
+            body.len()
+        );
+        for (k, v) in headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str("\r\n");
+        stream.write_all(head.as_bytes()).expect("write head");
+        stream.write_all(body).expect("write body");
+        stream
+    }
+
+    /// The value of the unlabelled-but-for-model series `name` in `/metrics`.
+    pub fn metric(&self, name: &str) -> f64 {
+        let text = self.get("/metrics").text();
+        text.lines()
+            .find(|l| {
+                l.starts_with(&format!("{name}{{"))
+                    && !l.contains("le=")
+                    && !l.contains("finished_reason")
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no series {name} in /metrics:\n{text}"))
+    }
+
+    /// Polls until `/metrics` shows no running or waiting request and no KV
+    /// block in use; panics after `timeout`.
+    pub fn wait_idle(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let busy = [
+                self.metric("vllm:num_requests_running"),
+                self.metric("vllm:num_requests_waiting"),
+                self.metric("vllm:kv_cache_usage_perc"),
+            ];
+            if busy == [0.0, 0.0, 0.0] {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "engine not idle after {timeout:?}: running, waiting, kv = {busy:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A parsed HTTP response.
+#[derive(Debug)]
+pub struct Response {
+    /// The status code.
+    pub status: u16,
+    /// The header block, lower-cased.
+    pub headers: String,
+    /// The body, de-chunked.
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    fn parse(raw: &[u8]) -> Response {
+        let split = raw
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("a header block");
+        let headers = String::from_utf8_lossy(&raw[..split]).to_lowercase();
+        let status = headers
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .expect("a status line");
+        let mut body = raw[split + 4..].to_vec();
+        if headers.contains("transfer-encoding: chunked") {
+            body = dechunk(&body);
+        }
+        Response {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    /// The body as text.
+    pub fn text(&self) -> String {
+        String::from_utf8(self.body.clone()).expect("UTF-8 body")
+    }
+
+    /// The body as JSON.
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+
+    /// The `data:` payloads of a server-sent-events body, in order.
+    pub fn events(&self) -> Vec<String> {
+        sse_data(&self.text())
+    }
+}
+
+/// The `data:` payloads in SSE text.
+pub fn sse_data(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:")))
+        .map(str::to_string)
+        .collect()
+}
+
+fn dechunk(mut body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(eol) = body.windows(2).position(|w| w == b"\r\n") {
+        let size =
+            usize::from_str_radix(String::from_utf8_lossy(&body[..eol]).trim(), 16).unwrap_or(0);
+        if size == 0 {
+            break;
+        }
+        let start = eol + 2;
+        out.extend_from_slice(&body[start..(start + size).min(body.len())]);
+        body = &body[(start + size + 2).min(body.len())..];
+    }
+    out
+}
