@@ -1,0 +1,74 @@
+//! The official `openai` Python client against `host serve` (with an API
+//! key): completions, chat, streaming, logprobs, seeds, typed errors. The
+//! expected texts come from the offline engine, so the client's view is
+//! checked against an answer computed without any HTTP.
+
+#[path = "server/harness.rs"]
+mod harness;
+
+use std::process::Command;
+
+use harness::Server;
+use host::config::EngineConfig;
+use host::engine::{GenerateRequest, Llm, Prompt};
+use host::sampling::SamplingParams;
+use host::tokenizer::ChatMessage;
+use serde_json::json;
+
+#[test]
+fn the_openai_client_works_unchanged() {
+    let prompt = "The capital of France is";
+    let chat_user = "Name three colours.";
+    let model = e2e::default_model();
+    let config = EngineConfig::load(
+        None,
+        &[format!("model.path={:?}", model.display().to_string())],
+    )
+    .unwrap();
+    let params = SamplingParams {
+        temperature: 0.0,
+        max_tokens: 16,
+        ..SamplingParams::default()
+    };
+    let reqs: Vec<_> = [
+        Prompt::Text(prompt.into()),
+        Prompt::Chat(vec![ChatMessage::new("user", chat_user)]),
+    ]
+    .into_iter()
+    .map(|prompt| GenerateRequest {
+        prompt,
+        params: params.clone(),
+        priority: 0,
+    })
+    .collect();
+    let want = Llm::new(&config)
+        .unwrap()
+        .generate(&reqs, |_, _| {}, |_, _| {})
+        .unwrap();
+    let expected = json!({
+        "prompt": prompt,
+        "completion": want[0].as_ref().unwrap().text,
+        "chat_user": chat_user,
+        "chat": want[1].as_ref().unwrap().text,
+    });
+
+    let server = Server::start(&["--api-key", "sesame"]);
+    let script = e2e::repo_root().join("tests/server/openai_client.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .arg(format!("http://{}/v1", server.addr))
+        .arg("sesame")
+        .arg("SmolLM2-135M-Instruct.Q4_1")
+        .arg(expected.to_string())
+        .output()
+        .expect("start python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{} failed ({}); it needs `pip install -r tests/reference/requirements.txt` (openai)\n{stdout}\n{}",
+        script.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+}
