@@ -55,6 +55,9 @@ pub enum EngineError {
     /// The executor failed; the engine is dead.
     #[error(transparent)]
     Executor(#[from] ExecutorError),
+    /// A step panicked (a bug); the engine is dead.
+    #[error("the engine core panicked: {0}")]
+    Panic(String),
 }
 
 /// Per-step timings, for the metrics.

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::core::{EngineCore, EngineCoreOutput, EngineCoreRequest};
+use super::core::{EngineCore, EngineCoreOutput, EngineCoreRequest, EngineError};
 use super::shared::Shared;
 
 /// A message from a client to the busy loop.
@@ -80,7 +80,11 @@ pub(crate) fn run_busy_loop(mut core: EngineCore, inputs: Receiver<CoreInput>, o
         if !core.has_work() {
             continue;
         }
-        match core.step() {
+        // A panic inside a step (a bug, never user input) must still reach
+        // the clients as the engine-dead sentinel rather than leave them
+        // waiting on a thread that is gone.
+        let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| core.step()));
+        match stepped.unwrap_or_else(|panic| Err(EngineError::Panic(panic_message(&*panic)))) {
             Ok(outs) => {
                 shared.publish_stats(core.stats());
                 if !outs.is_empty() && outputs.send(CoreOutput::Step(outs)).is_err() {
@@ -114,6 +118,15 @@ fn handle(core: &mut EngineCore, msg: CoreInput, outputs: &Sender<CoreOutput>, s
             let _ = reply.send(core.call_utility(&method, args));
         }
         CoreInput::Shutdown { drain } => *stopping = Some(drain && stopping.unwrap_or(true)),
+    }
+}
+
+/// The text a panic carried.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+        (Some(s), _) => (*s).to_string(),
+        (_, Some(s)) => s.clone(),
+        _ => "a panic without a message".into(),
     }
 }
 
