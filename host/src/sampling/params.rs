@@ -60,7 +60,35 @@ pub struct SamplingParams {
     /// Leave special tokens out of the detokenized text; default true.
     pub skip_special_tokens: bool,
     /// Free-form arguments for sampler plugins; the built-in sampler ignores them.
+    #[serde(with = "json_value_anywhere")]
     pub extra_args: Option<serde_json::Value>,
+}
+
+/// Serde for a JSON value in any format: as itself in self-describing ones
+/// (JSON, TOML), as JSON text in compact binary ones (postcard, on the
+/// message queues), which cannot carry a value whose shape is only known
+/// while reading it.
+mod json_value_anywhere {
+    use serde::{de::Error, Deserialize, Deserializer, Serialize, Serializer};
+    use serde_json::Value;
+
+    pub fn serialize<S: Serializer>(v: &Option<Value>, s: S) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() {
+            v.serialize(s)
+        } else {
+            v.as_ref().map(Value::to_string).serialize(s)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+        if d.is_human_readable() {
+            Option::<Value>::deserialize(d)
+        } else {
+            Option::<String>::deserialize(d)?
+                .map(|text| serde_json::from_str(&text).map_err(D::Error::custom))
+                .transpose()
+        }
+    }
 }
 
 impl Default for SamplingParams {

@@ -185,3 +185,18 @@ fn greedy_threshold() {
     assert!(greedy(9e-6));
     assert!(!greedy(1e-4));
 }
+
+#[test]
+fn extra_args_cross_json_and_the_binary_queue_format_unchanged() {
+    let p = SamplingParams {
+        extra_args: Some(serde_json::json!({"banned": [1, 2], "bias": {"7": -1.5}, "name": "x"})),
+        ..Default::default()
+    };
+    let bytes = postcard::to_stdvec(&p).unwrap();
+    assert_eq!(postcard::from_bytes::<SamplingParams>(&bytes).unwrap(), p);
+    let json = serde_json::to_value(&p).unwrap();
+    assert_eq!(json["extra_args"]["bias"]["7"], -1.5, "JSON keeps the value's own shape");
+    assert_eq!(serde_json::from_value::<SamplingParams>(json).unwrap(), p);
+    let none = SamplingParams::default();
+    assert_eq!(postcard::from_bytes::<SamplingParams>(&postcard::to_stdvec(&none).unwrap()).unwrap(), none);
+}
