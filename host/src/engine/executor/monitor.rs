@@ -104,11 +104,13 @@ impl WorkerSet {
                 return e;
             }
             if Instant::now() >= deadline {
-                self.record(
+                let status = "its queue reports it gone, but it has not exited".to_string();
+                self.record(rank, status.clone());
+                return self.death().unwrap_or(ExecutorError::WorkerDied {
                     rank,
-                    "its queue reports it gone, but it has not exited".into(),
-                );
-                return self.death().expect("just recorded");
+                    pid: self.pids[rank],
+                    status,
+                });
             }
             std::thread::sleep(Duration::from_millis(5));
         }

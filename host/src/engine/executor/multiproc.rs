@@ -275,7 +275,7 @@ fn collect_ready(
 /// The `host` binary to start workers from: `parallel.worker_executable`,
 /// else this program if it is `host`, else a `host` beside it or one folder
 /// up (test and bench binaries live in `target/<profile>/deps`).
-fn worker_executable(configured: Option<&Path>) -> Result<PathBuf, ExecutorError> {
+pub(crate) fn worker_executable(configured: Option<&Path>) -> Result<PathBuf, ExecutorError> {
     let fail = |message: String| ExecutorError::Start { rank: 0, message };
     if let Some(path) = configured {
         return if path.is_file() {

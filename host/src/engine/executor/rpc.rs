@@ -143,13 +143,14 @@ impl ReplyBook {
             if let Some(result) = self.done.remove(&id) {
                 return result;
             }
-            let Some(front) = self.in_flight.front() else {
+            let Some(mut call) = self.in_flight.pop_front() else {
                 return Err(ExecutorError::Call(format!("call {id} is not in flight")));
             };
-            let rank = front.ranks[front.got.len()];
-            let reply = match self.read(rank, deadline) {
-                Ok(reply) => reply,
+            let rank = call.ranks[call.got.len()];
+            match self.read(rank, deadline) {
+                Ok(reply) => call.got.push(reply),
                 Err(Stall::TimedOut) => {
+                    self.in_flight.push_front(call);
                     let method = self
                         .in_flight
                         .iter()
@@ -169,14 +170,11 @@ impl ReplyBook {
                     self.done.clear();
                     return Err(e);
                 }
-            };
-            let front = self.in_flight.front_mut().expect("checked above");
-            front.got.push(reply);
-            if front.got.len() == front.ranks.len() {
-                let call = self.in_flight.pop_front().expect("checked above");
-                if !call.abandoned {
-                    self.done.insert(call.id, collect(call));
-                }
+            }
+            if call.got.len() < call.ranks.len() {
+                self.in_flight.push_front(call);
+            } else if !call.abandoned {
+                self.done.insert(call.id, collect(call));
             }
         }
     }
