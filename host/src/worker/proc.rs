@@ -185,17 +185,89 @@ pub fn busy_loop(
 }
 
 /// Blocks on stdin until end-of-file (the parent closed the death pipe or
-/// died), then ends the process.
-fn watch_death_pipe() {
+/// died), then ends the process. Shared by every child process `host`
+/// starts (workers, the engine core).
+pub(crate) fn watch_death_pipe() {
     let mut buf = [0u8; 64];
     loop {
         match std::io::stdin().read(&mut buf) {
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Ok(0) | Err(_) => {
-                tracing::info!("worker: the parent closed the death pipe; exiting");
+                tracing::info!("the parent closed the death pipe; exiting");
                 std::process::exit(0);
             }
             Ok(_) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::LoadFormat;
+    use crate::worker::RpcValue;
+
+    const WAIT: Option<Duration> = Some(Duration::from_secs(10));
+
+    fn worker() -> Worker {
+        Worker::new(WorkerConfig {
+            model: "/nonexistent/model.gguf".into(),
+            load_format: LoadFormat::Auto,
+            num_threads: 1,
+            kv_cache_memory_bytes: 1 << 20,
+            block_size: 16,
+            max_num_batched_tokens: 64,
+            max_model_len: None,
+            eos_token_id: None,
+        })
+        .unwrap()
+    }
+
+    fn request(method: &str, output_rank: Option<u32>) -> RpcRequest {
+        RpcRequest {
+            method: method.into(),
+            args: RpcValue::Unit,
+            output_rank,
+        }
+    }
+
+    #[test]
+    fn the_busy_loop_replies_failures_and_carries_on_until_shutdown() {
+        let rpc = MessageQueue::new_writer(1, QueueConfig::default()).unwrap();
+        let handle = rpc.export_handle();
+        let response = MessageQueue::new_writer(1, QueueConfig::default()).unwrap();
+        let response_handle = response.export_handle();
+        // Rank 1 of a world of 2 with only its own queue: it reads the calls
+        // as reader 0 of this one-reader broadcast queue.
+        let worker_side = std::thread::spawn(move || {
+            let rpc = MessageQueue::create_from_handle(&handle, 0).unwrap();
+            busy_loop(1, &mut worker(), &WorkerMethods::builtin(), &rpc, &response)
+        });
+        let replies = MessageQueue::create_from_handle(&response_handle, 0).unwrap();
+        rpc.wait_until_ready(Duration::from_secs(10)).unwrap();
+        rpc.enqueue(&request("load_model", None), WAIT).unwrap();
+        rpc.enqueue(&request("check_health", Some(0)), WAIT)
+            .unwrap(); // not rank 1's to answer
+        rpc.enqueue(&request("check_health", Some(1)), WAIT)
+            .unwrap();
+        match replies.dequeue::<RpcReply>(WAIT).unwrap() {
+            RpcReply::Failure(message) => {
+                assert!(message.contains("needs init_device"), "{message}")
+            }
+            other => panic!("expected a failure, got {other:?}"),
+        }
+        assert_eq!(
+            replies.dequeue::<RpcReply>(WAIT).unwrap(),
+            RpcReply::Success(RpcValue::Unit)
+        );
+        rpc.shutdown();
+        worker_side
+            .join()
+            .unwrap()
+            .expect("a shut-down queue ends the loop normally");
+        assert!(matches!(
+            replies.dequeue::<RpcReply>(Some(Duration::from_millis(50))),
+            Err(_)
+        ));
     }
 }

@@ -22,6 +22,7 @@ mod multiproc;
 mod rpc;
 mod uniproc;
 
+pub(crate) use multiproc::worker_executable;
 pub use multiproc::MultiprocExecutor;
 pub use rpc::RpcFuture;
 pub use uniproc::UniProcExecutor;

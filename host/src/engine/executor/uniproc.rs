@@ -23,7 +23,7 @@ impl UniProcExecutor {
     }
 
     /// Creates a worker, initialises its device and loads its model.
-    pub fn start(config: WorkerConfig) -> Result<UniProcExecutor, WorkerError> {
+    pub fn start(config: WorkerConfig) -> Result<UniProcExecutor, Box<WorkerError>> {
         let mut worker = Worker::new(config)?;
         worker.init_device()?;
         worker.load_model()?;
@@ -77,5 +77,60 @@ impl Executor for UniProcExecutor {
             (false, Err(e)) => Err(e),
             (_, result) => Ok(RpcFuture::ready(result)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::LoadFormat;
+
+    fn executor() -> UniProcExecutor {
+        UniProcExecutor::new(
+            Worker::new(WorkerConfig {
+                model: "/nonexistent/model.gguf".into(),
+                load_format: LoadFormat::Auto,
+                num_threads: 1,
+                kv_cache_memory_bytes: 1 << 20,
+                block_size: 16,
+                max_num_batched_tokens: 64,
+                max_model_len: None,
+                eos_token_id: None,
+            })
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn calls_reach_the_registry_and_errors_name_rank_and_method() {
+        let mut ex = executor();
+        assert_eq!(
+            ex.call("check_health", RpcValue::Unit, Some(0), None)
+                .unwrap(),
+            vec![RpcValue::Unit]
+        );
+        let err = ex
+            .call("load_model", RpcValue::Unit, None, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("worker rank 0: load_model failed") && err.contains("needs init_device"),
+            "{err}"
+        );
+        let err = ex
+            .call("check_health", RpcValue::Unit, Some(1), None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unique_reply_rank 1 does not exist"), "{err}");
+    }
+
+    #[test]
+    fn a_non_blocking_call_reports_its_error_from_the_future() {
+        let mut ex = executor();
+        let future = ex
+            .collective_rpc("nope", RpcValue::Unit, None, true, None)
+            .expect("sent");
+        let err = future.result().unwrap_err().to_string();
+        assert!(err.contains("unknown worker method `nope`"), "{err}");
     }
 }
