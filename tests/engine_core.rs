@@ -1,14 +1,18 @@
-//! The engine core on its own threads, driven through `EngineCoreClient` on
-//! the real model: outputs must equal the synchronous offline API's, a
-//! dropped stream must abort its request and free its blocks, a request that
-//! can never fit is refused while the engine carries on, the busy loop must
-//! sleep when idle, and shutdown must drain or abort as asked.
+//! The engine core on its own threads, in this process and in its own
+//! process, driven through `EngineCoreClient` on the real model: outputs
+//! must equal the synchronous offline API's, a dropped stream must abort its
+//! request and free its blocks, a request that can never fit is refused
+//! while the engine carries on, the busy loop must sleep when idle, shutdown
+//! must drain or abort as asked, and a crash anywhere must reach every
+//! stream as the engine-dead sentinel.
 
 use std::thread;
 use std::time::{Duration, Instant};
 
 use host::config::EngineConfig;
-use host::engine::{EngineCoreClient, EngineCoreError, EngineCoreRequest, GenerateRequest, Llm, Prompt};
+use host::engine::{
+    EngineCoreClient, EngineCoreError, EngineCoreRequest, GenerateRequest, Llm, Prompt,
+};
 use host::sampling::SamplingParams;
 
 fn config(kv_blocks: u64) -> EngineConfig {
@@ -21,12 +25,39 @@ fn config(kv_blocks: u64) -> EngineConfig {
     c
 }
 
+/// Where the engine core runs.
+#[derive(Clone, Copy, Debug)]
+enum Mode {
+    InProcess,
+    Process,
+}
+
+const MODES: [Mode; 2] = [Mode::InProcess, Mode::Process];
+
+fn start(mode: Mode, config: &EngineConfig) -> (EngineCoreClient, host::tokenizer::Tokenizer) {
+    match mode {
+        Mode::InProcess => EngineCoreClient::start_in_process(config),
+        Mode::Process => EngineCoreClient::start_process(config),
+    }
+    .unwrap_or_else(|e| panic!("{mode:?}: {e:#}"))
+}
+
 fn greedy(max_tokens: u32) -> SamplingParams {
-    SamplingParams { temperature: 0.0, max_tokens, ignore_eos: true, ..SamplingParams::default() }
+    SamplingParams {
+        temperature: 0.0,
+        max_tokens,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    }
 }
 
 fn request(id: &str, prompt_token_ids: Vec<u32>, params: SamplingParams) -> EngineCoreRequest {
-    EngineCoreRequest { request_id: id.into(), prompt_token_ids, sampling_params: params, priority: 0 }
+    EngineCoreRequest {
+        request_id: id.into(),
+        prompt_token_ids,
+        sampling_params: params,
+        priority: 0,
+    }
 }
 
 /// Waits (bounded) until `cond` holds.
@@ -65,83 +96,136 @@ const TEXTS: [&str; 6] = [
 fn streams_from_many_threads_equal_the_offline_api() {
     let params = greedy(10);
     let mut llm = Llm::new(&config(512)).unwrap();
-    let prompts: Vec<Vec<u32>> = TEXTS.iter().map(|t| llm.encode(&Prompt::Text(t.to_string())).unwrap()).collect();
+    let prompts: Vec<Vec<u32>> = TEXTS
+        .iter()
+        .map(|t| llm.encode(&Prompt::Text(t.to_string())).unwrap())
+        .collect();
     let requests: Vec<GenerateRequest> = prompts
         .iter()
-        .map(|ids| GenerateRequest { prompt: Prompt::Tokens(ids.clone()), params: params.clone(), priority: 0 })
+        .map(|ids| GenerateRequest {
+            prompt: Prompt::Tokens(ids.clone()),
+            params: params.clone(),
+            priority: 0,
+        })
         .collect();
-    let expected: Vec<Vec<u32>> =
-        llm.generate(&requests, |_, _| {}, |_, _| {}).unwrap().into_iter().map(|r| r.unwrap().token_ids).collect();
+    let expected: Vec<Vec<u32>> = llm
+        .generate(&requests, |_, _| {}, |_, _| {})
+        .unwrap()
+        .into_iter()
+        .map(|r| r.unwrap().token_ids)
+        .collect();
     drop(llm);
 
-    let (client, _tokenizer) = EngineCoreClient::start_in_process(&config(512)).unwrap();
-    let got: Vec<Vec<u32>> = thread::scope(|s| {
-        let handles: Vec<_> = prompts
-            .iter()
-            .enumerate()
-            .map(|(i, ids)| {
-                let client = client.clone();
-                let req = request(&format!("r{i}"), ids.clone(), params.clone());
-                s.spawn(move || collect(&client, req).unwrap())
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    assert_eq!(got, expected);
-    assert_eq!(client.stats().scheduler.kv_cache_usage, 0.0, "finished requests freed their blocks");
-    assert!(client.stats().num_generation_tokens >= 6 * 10);
-    client.shutdown(false);
+    for mode in MODES {
+        let (client, _tokenizer) = start(mode, &config(512));
+        let got: Vec<Vec<u32>> = thread::scope(|s| {
+            let handles: Vec<_> = prompts
+                .iter()
+                .enumerate()
+                .map(|(i, ids)| {
+                    let client = client.clone();
+                    let req = request(&format!("r{i}"), ids.clone(), params.clone());
+                    s.spawn(move || collect(&client, req).unwrap())
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(got, expected, "{mode:?}");
+        assert_eq!(
+            client.stats().scheduler.kv_cache_usage,
+            0.0,
+            "finished requests freed their blocks"
+        );
+        assert!(client.stats().num_generation_tokens >= 6 * 10);
+        client.shutdown(false);
+    }
 }
 
 #[test]
 fn dropping_a_stream_aborts_its_request_and_frees_its_blocks() {
-    let (client, tokenizer) = EngineCoreClient::start_in_process(&config(512)).unwrap();
-    let ids = tokenizer.encode(TEXTS[1], true).unwrap();
-    let mut stream = client.add_request(request("long", ids.clone(), greedy(400))).unwrap();
-    let first = stream.blocking_next().unwrap().unwrap();
-    assert!(first.finish_reason.is_none());
-    assert!(client.stats().scheduler.kv_cache_usage > 0.0);
-    drop(stream);
-    // The next step frees its blocks; the engine goes idle.
-    wait_until("the aborted request's blocks are free", || {
-        let s = client.stats().scheduler;
-        s.kv_cache_usage == 0.0 && s.num_running == 0
-    });
-    // The same id can be used again, and the engine still serves.
-    assert_eq!(collect(&client, request("long", ids, greedy(3))).unwrap().len(), 3);
-    client.shutdown(false);
+    for mode in MODES {
+        let (client, tokenizer) = start(mode, &config(512));
+        let ids = tokenizer.encode(TEXTS[1], true).unwrap();
+        let mut stream = client
+            .add_request(request("long", ids.clone(), greedy(400)))
+            .unwrap();
+        let first = stream.blocking_next().unwrap().unwrap();
+        assert!(first.finish_reason.is_none());
+        assert!(client.stats().scheduler.kv_cache_usage > 0.0);
+        drop(stream);
+        // The next step frees its blocks; the engine goes idle.
+        wait_until("the aborted request's blocks are free", || {
+            let s = client.stats().scheduler;
+            s.kv_cache_usage == 0.0 && s.num_running == 0
+        });
+        // The same id can be used again, and the engine still serves.
+        assert_eq!(
+            collect(&client, request("long", ids, greedy(3)))
+                .unwrap()
+                .len(),
+            3
+        );
+        client.shutdown(false);
+    }
 }
 
 #[test]
 fn a_request_that_can_never_fit_is_refused_and_the_engine_carries_on() {
-    // 8 blocks of 16 tokens: 128 tokens of KV in all.
-    let (client, tokenizer) = EngineCoreClient::start_in_process(&config(8)).unwrap();
-    let too_long = vec![tokenizer.encode("word", false).unwrap()[0]; 200];
-    match collect(&client, request("big", too_long, greedy(4))) {
-        Err(EngineCoreError::Rejected(reason)) => assert!(reason.contains("KV cache"), "{reason}"),
-        other => panic!("expected a refusal, got {other:?}"),
+    for mode in MODES {
+        // 8 blocks of 16 tokens: 128 tokens of KV in all.
+        let (client, tokenizer) = start(mode, &config(8));
+        let too_long = vec![tokenizer.encode("word", false).unwrap()[0]; 200];
+        match collect(&client, request("big", too_long, greedy(4))) {
+            Err(EngineCoreError::Rejected(reason)) => {
+                assert!(reason.contains("KV cache"), "{reason}")
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        let ids = tokenizer.encode(TEXTS[0], true).unwrap();
+        assert_eq!(
+            collect(&client, request("small", ids, greedy(4)))
+                .unwrap()
+                .len(),
+            4
+        );
+        let dup = client
+            .add_request(request("dup", vec![1, 2, 3], greedy(50)))
+            .unwrap();
+        assert!(matches!(
+            client.add_request(request("dup", vec![1], greedy(1))),
+            Err(EngineCoreError::Rejected(_))
+        ));
+        drop(dup);
+        client.shutdown(false);
     }
-    let ids = tokenizer.encode(TEXTS[0], true).unwrap();
-    assert_eq!(collect(&client, request("small", ids, greedy(4))).unwrap().len(), 4);
-    let dup = client.add_request(request("dup", vec![1, 2, 3], greedy(50))).unwrap();
-    assert!(matches!(client.add_request(request("dup", vec![1], greedy(1))), Err(EngineCoreError::Rejected(_))));
-    drop(dup);
-    client.shutdown(false);
 }
 
 #[test]
 fn utility_calls_reach_the_engine_and_unknown_ones_are_named() {
-    let (client, _) = EngineCoreClient::start_in_process(&config(64)).unwrap();
-    assert_eq!(client.call_utility("reset_prefix_cache", serde_json::Value::Null).unwrap(), true);
-    let err = client.call_utility("no_such_method", serde_json::Value::Null).unwrap_err().to_string();
-    assert!(err.contains("no_such_method") && err.contains("reset_prefix_cache"), "{err}");
-    client.shutdown(false);
+    for mode in MODES {
+        let (client, _) = start(mode, &config(64));
+        assert_eq!(
+            client
+                .call_utility("reset_prefix_cache", serde_json::Value::Null)
+                .unwrap(),
+            true
+        );
+        let err = client
+            .call_utility("no_such_method", serde_json::Value::Null)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("no_such_method") && err.contains("reset_prefix_cache"),
+            "{mode:?}: {err}"
+        );
+        client.shutdown(false);
+    }
 }
 
-/// The state letter of this process's thread named `name` (`R` running,
-/// `S` sleeping), from /proc.
-fn thread_state(name: &str) -> Option<char> {
-    for task in std::fs::read_dir("/proc/self/task").ok()? {
+/// The state letter of the thread named `name` (`R` running, `S`
+/// sleeping) of process `pid` (`self` for this one), from /proc.
+fn thread_state(pid: &str, name: &str) -> Option<char> {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
         let dir = task.ok()?.path();
         if std::fs::read_to_string(dir.join("comm")).ok()?.trim() == name {
             let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
@@ -154,62 +238,140 @@ fn thread_state(name: &str) -> Option<char> {
 
 #[test]
 fn an_idle_engine_sleeps_and_wakes_for_new_work() {
-    let (client, tokenizer) = EngineCoreClient::start_in_process(&config(64)).unwrap();
-    let ids = tokenizer.encode(TEXTS[2], true).unwrap();
-    assert_eq!(collect(&client, request("a", ids.clone(), greedy(2))).unwrap().len(), 2);
-    // Blocked on its input queue, not spinning: the thread is asleep at
-    // every look.
-    thread::sleep(Duration::from_millis(100));
-    for _ in 0..20 {
-        assert_eq!(thread_state("engine-core"), Some('S'), "the idle busy loop must block");
-        thread::sleep(Duration::from_millis(5));
+    for mode in MODES {
+        let (client, tokenizer) = start(mode, &config(64));
+        let pid = match mode {
+            Mode::InProcess => "self".to_string(),
+            Mode::Process => client.process_id().expect("a process").to_string(),
+        };
+        let ids = tokenizer.encode(TEXTS[2], true).unwrap();
+        assert_eq!(
+            collect(&client, request("a", ids.clone(), greedy(2)))
+                .unwrap()
+                .len(),
+            2
+        );
+        // Blocked on its input queue, not spinning: the thread is asleep at
+        // every look (past the queue's short spin window).
+        thread::sleep(Duration::from_millis(100));
+        for _ in 0..20 {
+            assert_eq!(
+                thread_state(&pid, "engine-core"),
+                Some('S'),
+                "{mode:?}: the idle busy loop must block"
+            );
+            thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(
+            collect(&client, request("b", ids, greedy(2)))
+                .unwrap()
+                .len(),
+            2
+        );
+        client.shutdown(false);
     }
-    assert_eq!(collect(&client, request("b", ids, greedy(2))).unwrap().len(), 2);
-    client.shutdown(false);
 }
 
 #[test]
 fn shutdown_drains_or_aborts_as_asked() {
-    let (client, tokenizer) = EngineCoreClient::start_in_process(&config(128)).unwrap();
-    let ids = tokenizer.encode(TEXTS[3], true).unwrap();
+    for mode in MODES {
+        let (client, tokenizer) = start(mode, &config(128));
+        let ids = tokenizer.encode(TEXTS[3], true).unwrap();
 
-    let mut drained = client.add_request(request("d", ids.clone(), greedy(8))).unwrap();
-    client.shutdown(true);
-    let mut n = 0;
-    let mut last = None;
-    while let Some(out) = drained.blocking_next() {
-        let out = out.expect("a drained request runs to its end");
-        n += out.new_token_ids.len();
-        last = out.finish_reason;
-    }
-    assert_eq!((n, last.map(|r| r.as_str())), (8, Some("length")));
-    assert!(!client.is_alive());
-    assert!(matches!(client.add_request(request("late", ids.clone(), greedy(1))), Err(EngineCoreError::Dead(_))));
+        let mut drained = client
+            .add_request(request("d", ids.clone(), greedy(8)))
+            .unwrap();
+        client.shutdown(true);
+        let mut n = 0;
+        let mut last = None;
+        while let Some(out) = drained.blocking_next() {
+            let out = out.expect("a drained request runs to its end");
+            n += out.new_token_ids.len();
+            last = out.finish_reason;
+        }
+        assert_eq!((n, last.map(|r| r.as_str())), (8, Some("length")));
+        assert!(!client.is_alive());
+        assert!(matches!(
+            client.add_request(request("late", ids.clone(), greedy(1))),
+            Err(EngineCoreError::Dead(_))
+        ));
 
-    let (client, _) = EngineCoreClient::start_in_process(&config(128)).unwrap();
-    let mut aborted = client.add_request(request("a", ids, greedy(400))).unwrap();
-    aborted.blocking_next().unwrap().unwrap();
-    client.shutdown(false);
-    let mut tail = Vec::new();
-    while let Some(item) = aborted.blocking_next() {
-        tail.push(item);
+        let (client, _) = start(mode, &config(128));
+        let mut aborted = client.add_request(request("a", ids, greedy(400))).unwrap();
+        aborted.blocking_next().unwrap().unwrap();
+        client.shutdown(false);
+        let mut tail = Vec::new();
+        while let Some(item) = aborted.blocking_next() {
+            tail.push(item);
+        }
+        let end = tail.last().expect("the stream ends with a reason");
+        assert!(
+            matches!(end, Ok(o) if o.finish_reason.map(|r| r.as_str()) == Some("abort"))
+                || matches!(end, Err(EngineCoreError::Dead(_))),
+            "{mode:?}: {end:?}"
+        );
     }
-    let end = tail.last().expect("the stream ends with a reason");
-    assert!(
-        matches!(end, Ok(o) if o.finish_reason.map(|r| r.as_str()) == Some("abort"))
-            || matches!(end, Err(EngineCoreError::Dead(_))),
-        "{end:?}"
-    );
 }
 
-/// The pids of this process's child processes (the `mp` workers).
-fn child_pids() -> Vec<u32> {
+/// The pids of this process's child processes running `host worker` (the
+/// `mp` executor's workers; other tests' children are engine-core
+/// processes).
+fn worker_children() -> Vec<u32> {
     let mut pids = Vec::new();
     for task in std::fs::read_dir("/proc/self/task").unwrap() {
-        let children = std::fs::read_to_string(task.unwrap().path().join("children")).unwrap_or_default();
+        let children =
+            std::fs::read_to_string(task.unwrap().path().join("children")).unwrap_or_default();
         pids.extend(children.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
     }
+    pids.retain(|pid| {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        cmdline.split(|&b| b == 0).any(|arg| arg == b"worker")
+    });
     pids
+}
+
+/// Kills process `pid` with SIGKILL.
+fn kill9(pid: u32) {
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+}
+
+#[test]
+fn a_crashed_engine_core_process_reaches_every_stream_as_the_sentinel() {
+    let (client, tokenizer) = start(Mode::Process, &config(128));
+    let ids = tokenizer.encode(TEXTS[5], true).unwrap();
+    let mut stream = client
+        .add_request(request("victim", ids.clone(), greedy(400)))
+        .unwrap();
+    stream.blocking_next().unwrap().unwrap();
+    kill9(client.process_id().expect("a process"));
+    let end = loop {
+        match stream.blocking_next() {
+            Some(Ok(out)) => assert!(
+                out.finish_reason.is_none(),
+                "the request cannot finish: {out:?}"
+            ),
+            Some(Err(e)) => break e,
+            None => panic!("the stream ended without the engine-dead sentinel"),
+        }
+    };
+    match &end {
+        EngineCoreError::Dead(reason) => assert!(reason.contains("signal: 9"), "{reason}"),
+        other => panic!("expected the engine-dead sentinel, got {other:?}"),
+    }
+    assert!(!client.is_alive());
+    assert!(matches!(
+        client.add_request(request("after", ids, greedy(1))),
+        Err(EngineCoreError::Dead(_))
+    ));
+    assert!(matches!(
+        client.call_utility("reset_prefix_cache", serde_json::Value::Null),
+        Err(EngineCoreError::Dead(_))
+    ));
+    client.shutdown(false);
 }
 
 #[test]
@@ -218,15 +380,19 @@ fn a_dead_worker_kills_the_engine_and_every_stream_gets_the_sentinel() {
     c.parallel.distributed_executor_backend = "mp".into();
     let (client, tokenizer) = EngineCoreClient::start_in_process(&c).unwrap();
     let ids = tokenizer.encode(TEXTS[4], true).unwrap();
-    let mut stream = client.add_request(request("victim", ids.clone(), greedy(400))).unwrap();
+    let mut stream = client
+        .add_request(request("victim", ids.clone(), greedy(400)))
+        .unwrap();
     stream.blocking_next().unwrap().unwrap();
-    let workers = child_pids();
+    let workers = worker_children();
     assert_eq!(workers.len(), 1, "one worker process: {workers:?}");
-    let killed = std::process::Command::new("kill").args(["-9", &workers[0].to_string()]).status().unwrap();
-    assert!(killed.success());
+    kill9(workers[0]);
     let end = loop {
         match stream.blocking_next() {
-            Some(Ok(out)) => assert!(out.finish_reason.is_none(), "the request cannot finish: {out:?}"),
+            Some(Ok(out)) => assert!(
+                out.finish_reason.is_none(),
+                "the request cannot finish: {out:?}"
+            ),
             Some(Err(e)) => break e,
             None => panic!("the stream ended without the engine-dead sentinel"),
         }
@@ -238,7 +404,10 @@ fn a_dead_worker_kills_the_engine_and_every_stream_gets_the_sentinel() {
     assert!(!client.is_alive());
     match client.add_request(request("after", ids, greedy(1))) {
         Err(EngineCoreError::Dead(reason)) => assert!(reason.contains("rank 0"), "{reason}"),
-        other => panic!("a dead engine refuses work: {:?}", other.map(|s| s.request_id().to_string())),
+        other => panic!(
+            "a dead engine refuses work: {:?}",
+            other.map(|s| s.request_id().to_string())
+        ),
     }
     client.shutdown(false);
 }

@@ -42,6 +42,10 @@ enum Command {
     /// writes its bootstrap on stdin).
     #[command(hide = true)]
     Worker,
+    /// The engine-core process (started by an engine client, which writes
+    /// its bootstrap on stdin).
+    #[command(hide = true)]
+    EngineCore,
 }
 
 #[derive(Debug, Subcommand)]
@@ -131,6 +135,7 @@ pub fn main() -> ExitCode {
             Ok(())
         }
         Command::Worker => crate::worker::proc::run(),
+        Command::EngineCore => crate::engine::ipc::run(),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,6 +1,7 @@
 //! `EngineCoreClient`: how a frontend (the HTTP server, tests) talks to an
-//! engine core running on its own threads (vLLM's in-process
-//! `EngineCoreClient` over an `EngineCoreProc`). Requests go in as messages;
+//! engine core running on its own threads in this process, or in its own
+//! process over shared-memory queues (vLLM's `InprocClient` / `MPClient`
+//! over an `EngineCoreProc`). Requests go in as messages;
 //! each request's outputs come back on its own stream, which works from
 //! async and blocking code alike. Dropping a stream before its request
 //! finished aborts the request, so a client that goes away frees its KV
@@ -15,7 +16,8 @@ use thiserror::Error;
 use tokio::sync::mpsc;
 
 use super::core::{EngineCoreOutput, EngineCoreRequest, EngineStats};
-use super::core_proc::{run_busy_loop, run_output_thread, CoreInput};
+use super::core_proc::{run_busy_loop, run_output_thread, CoreInput, UtilityReply};
+use super::ipc::{ClientMessage, ProcessTransport};
 use super::shared::{Liveness, Shared, StreamItem};
 use super::startup;
 use crate::config::EngineConfig;
@@ -44,10 +46,20 @@ pub struct EngineCoreClient {
 }
 
 struct Inner {
-    input: Sender<CoreInput>,
+    transport: Transport,
     shared: Arc<Shared>,
     max_model_len: usize,
-    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// How messages reach the engine core.
+enum Transport {
+    /// Its threads in this process.
+    InProcess {
+        input: Sender<CoreInput>,
+        threads: Mutex<Vec<JoinHandle<()>>>,
+    },
+    /// Its own process.
+    Process(ProcessTransport),
 }
 
 impl EngineCoreClient {
@@ -60,19 +72,28 @@ impl EngineCoreClient {
         let shared = Arc::new(Shared::new(core.stats()));
         let (input_tx, input_rx) = std_mpsc::channel();
         let (output_tx, output_rx) = std_mpsc::channel();
-        let busy = {
-            let shared = Arc::clone(&shared);
-            std::thread::Builder::new()
-                .name("engine-core".into())
-                .spawn(move || run_busy_loop(core, input_rx, output_tx, shared))?
-        };
+        let busy = std::thread::Builder::new()
+            .name("engine-core".into())
+            .spawn(move || run_busy_loop(core, input_rx, output_tx))?;
         let output = {
             let shared = Arc::clone(&shared);
             std::thread::Builder::new()
                 .name("engine-output".into())
-                .spawn(move || run_output_thread(output_rx, shared))?
+                .spawn(move || run_output_thread(output_rx, &shared))?
         };
-        let inner = Inner { input: input_tx, shared, max_model_len, threads: Mutex::new(vec![busy, output]) };
+        let transport = Transport::InProcess { input: input_tx, threads: Mutex::new(vec![busy, output]) };
+        let inner = Inner { transport, shared, max_model_len };
+        Ok((EngineCoreClient { inner: Arc::new(inner) }, tokenizer))
+    }
+
+    /// Starts the engine core in its own process (the hidden `host
+    /// engine-core` command, which loads the model) and connects to it over
+    /// shared memory. A crash of that process ends every stream with
+    /// [`EngineCoreError::Dead`], naming its exit status.
+    pub fn start_process(config: &EngineConfig) -> anyhow::Result<(EngineCoreClient, Tokenizer)> {
+        let tokenizer = startup::load_tokenizer(config)?;
+        let (transport, shared, max_model_len) = ProcessTransport::start(config)?;
+        let inner = Inner { transport: Transport::Process(transport), shared, max_model_len };
         Ok((EngineCoreClient { inner: Arc::new(inner) }, tokenizer))
     }
 
@@ -85,7 +106,7 @@ impl EngineCoreClient {
             return Err(EngineCoreError::Rejected(format!("request id `{}` is already in use", req.request_id)));
         };
         let request_id = std::mem::replace(&mut req.request_id, internal_id.clone());
-        if self.send(CoreInput::Add(req)).is_err() {
+        if self.send_add(req).is_err() {
             self.inner.shared.unregister(&internal_id);
             return Err(self.dead_error());
         }
@@ -99,9 +120,28 @@ impl EngineCoreClient {
     }
 
     fn abort_internal(&self, internal_ids: Vec<String>) {
-        if !internal_ids.is_empty() {
-            // A dead engine has nothing left to abort.
-            let _ = self.send(CoreInput::Abort(internal_ids));
+        if internal_ids.is_empty() {
+            return;
+        }
+        // A dead engine has nothing left to abort.
+        let _ = match &self.inner.transport {
+            Transport::InProcess { input, .. } => input.send(CoreInput::Abort(internal_ids)).map_err(drop),
+            Transport::Process(p) => p.send(&ClientMessage::Abort(internal_ids)).map_err(drop),
+        };
+    }
+
+    fn send_add(&self, req: EngineCoreRequest) -> Result<(), ()> {
+        match &self.inner.transport {
+            Transport::InProcess { input, .. } => input.send(CoreInput::Add(req)).map_err(drop),
+            Transport::Process(p) => p.send(&ClientMessage::Add(req)).map_err(drop),
+        }
+    }
+
+    /// The engine-core process's id, when it runs in its own process.
+    pub fn process_id(&self) -> Option<u32> {
+        match &self.inner.transport {
+            Transport::InProcess { .. } => None,
+            Transport::Process(p) => Some(p.pid()),
         }
     }
 
@@ -125,22 +165,32 @@ impl EngineCoreClient {
     /// from async code, call it on a blocking thread.
     pub fn call_utility(&self, method: &str, args: Value) -> Result<Value, EngineCoreError> {
         self.check_alive()?;
+        let input = match &self.inner.transport {
+            Transport::InProcess { input, .. } => input,
+            Transport::Process(p) => return p.call_utility(method, &args),
+        };
         let (reply, answer) = std_mpsc::sync_channel(1);
-        self.send(CoreInput::Utility { method: method.to_string(), args, reply }).map_err(|_| self.dead_error())?;
+        let msg = CoreInput::Utility { method: method.to_string(), args: Ok(args), reply: UtilityReply::Local(reply) };
+        input.send(msg).map_err(|_| self.dead_error())?;
         match answer.recv() {
             Ok(result) => result.map_err(EngineCoreError::Utility),
             Err(_) => Err(self.dead_error()),
         }
     }
 
-    /// Stops the engine core and waits for its threads: `drain` lets the
-    /// running and waiting requests finish first, otherwise they are
-    /// aborted. Streams still open then end with [`EngineCoreError::Dead`].
+    /// Stops the engine core and waits for it: `drain` lets the running and
+    /// waiting requests finish first, otherwise they are aborted. Streams
+    /// still open then end with [`EngineCoreError::Dead`].
     pub fn shutdown(&self, drain: bool) {
-        let _ = self.send(CoreInput::Shutdown { drain });
-        let threads = std::mem::take(&mut *self.inner.threads.lock().unwrap_or_else(|e| e.into_inner()));
-        for t in threads {
-            let _ = t.join();
+        match &self.inner.transport {
+            Transport::InProcess { input, threads } => {
+                let _ = input.send(CoreInput::Shutdown { drain });
+                let threads = std::mem::take(&mut *threads.lock().unwrap_or_else(|e| e.into_inner()));
+                for t in threads {
+                    let _ = t.join();
+                }
+            }
+            Transport::Process(p) => p.shutdown(drain),
         }
     }
 
@@ -153,10 +203,6 @@ impl EngineCoreClient {
             Ok(Liveness::Dead(reason)) => Some(reason),
             _ => None,
         }
-    }
-
-    fn send(&self, msg: CoreInput) -> Result<(), ()> {
-        self.inner.input.send(msg).map_err(|_| ())
     }
 
     fn check_alive(&self) -> Result<(), EngineCoreError> {

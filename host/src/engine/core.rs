@@ -61,7 +61,7 @@ pub enum EngineError {
 }
 
 /// Per-step timings, for the metrics.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StepTimings {
     /// Seconds spent in `schedule`.
     pub schedule_s: f64,
@@ -224,7 +224,7 @@ fn rpc_reply_to_json(reply: RpcValue) -> Result<Value, String> {
 }
 
 /// Counters for the metrics endpoint.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct EngineStats {
     /// Running / waiting counts, KV usage, prefix-cache hits, preemptions.
     pub scheduler: SchedulerStats,

@@ -1,8 +1,10 @@
 //! `EngineCoreProc`: the engine core on its own threads (vLLM's
 //! `EngineCoreProc`). The busy loop takes client messages, steps the core
 //! while it has work and blocks on its input queue when it has none, so an
-//! idle engine uses no CPU. An output thread hands each step's outputs to the
-//! requests' streams, so that work overlaps the next step.
+//! idle engine uses no CPU. An output thread takes each step's outputs off
+//! the loop — to the requests' streams in this process, or encoded onto the
+//! shared-memory queue to a client in another ([`super::ipc`]) — so that
+//! work overlaps the next step.
 //!
 //! Every client message goes through one ordered queue: an ABORT can never
 //! overtake the ADD of the same request, and the loop reads every pending
@@ -10,11 +12,10 @@
 //! boundary — the earliest the core can act on it anyway.
 
 use std::sync::mpsc::{Receiver, Sender, SyncSender};
-use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::core::{EngineCore, EngineCoreOutput, EngineCoreRequest, EngineError};
+use super::core::{EngineCore, EngineCoreOutput, EngineCoreRequest, EngineError, EngineStats};
 use super::shared::Shared;
 
 /// A message from a client to the busy loop.
@@ -27,10 +28,10 @@ pub(crate) enum CoreInput {
     Utility {
         /// The method.
         method: String,
-        /// Its arguments.
-        args: Value,
+        /// Its arguments (or why they could not be read).
+        args: Result<Value, String>,
         /// Where the result goes.
-        reply: SyncSender<Result<Value, String>>,
+        reply: UtilityReply,
     },
     /// Stop: finish the running requests first (`drain`) or abort them.
     Shutdown {
@@ -39,10 +40,26 @@ pub(crate) enum CoreInput {
     },
 }
 
+/// Where a utility call's result goes.
+pub(crate) enum UtilityReply {
+    /// A caller in this process, waiting on the channel.
+    Local(SyncSender<Result<Value, String>>),
+    /// A client in another process, by its call number (the result travels
+    /// with the outputs).
+    Remote(u64),
+}
+
 /// What the busy loop hands the output thread.
 pub(crate) enum CoreOutput {
-    /// One step's outputs.
-    Step(Vec<EngineCoreOutput>),
+    /// One step's outputs and the counters after it.
+    Step(Vec<EngineCoreOutput>, EngineStats),
+    /// The result of a remote client's utility call.
+    Utility {
+        /// The client's call number.
+        call_id: u64,
+        /// The method's result or error.
+        result: Result<Value, String>,
+    },
     /// A request the scheduler refused, with the reason.
     Rejected {
         /// The request.
@@ -54,9 +71,9 @@ pub(crate) enum CoreOutput {
     Dead(String),
 }
 
-/// Runs the busy loop until shutdown or a fatal error, then tells the
-/// output thread (the engine-dead sentinel on an error).
-pub(crate) fn run_busy_loop(mut core: EngineCore, inputs: Receiver<CoreInput>, outputs: Sender<CoreOutput>, shared: Arc<Shared>) {
+/// Runs the busy loop until shutdown or a fatal error; on an error the last
+/// message to the output thread is the engine-dead sentinel.
+pub(crate) fn run_busy_loop(mut core: EngineCore, inputs: Receiver<CoreInput>, outputs: Sender<CoreOutput>) {
     let mut stopping: Option<bool> = None;
     let result = loop {
         // Block while there is nothing to do: no spinning when idle.
@@ -86,22 +103,16 @@ pub(crate) fn run_busy_loop(mut core: EngineCore, inputs: Receiver<CoreInput>, o
         let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| core.step()));
         match stepped.unwrap_or_else(|panic| Err(EngineError::Panic(panic_message(&*panic)))) {
             Ok(outs) => {
-                shared.publish_stats(core.stats());
-                if !outs.is_empty() && outputs.send(CoreOutput::Step(outs)).is_err() {
+                if outputs.send(CoreOutput::Step(outs, core.stats())).is_err() {
                     break Ok(());
                 }
             }
             Err(e) => break Err(format!("{e:#}")),
         }
     };
-    shared.publish_stats(core.stats());
-    match result {
-        Ok(()) => shared.mark_stopped(None),
-        Err(reason) => {
-            tracing::error!("engine core died: {reason}");
-            shared.mark_stopped(Some(reason.clone()));
-            let _ = outputs.send(CoreOutput::Dead(reason));
-        }
+    if let Err(reason) = result {
+        tracing::error!("engine core died: {reason}");
+        let _ = outputs.send(CoreOutput::Dead(reason));
     }
 }
 
@@ -115,7 +126,15 @@ fn handle(core: &mut EngineCore, msg: CoreInput, outputs: &Sender<CoreOutput>, s
         }
         CoreInput::Abort(ids) => core.abort_requests(&ids),
         CoreInput::Utility { method, args, reply } => {
-            let _ = reply.send(core.call_utility(&method, args));
+            let result = args.and_then(|args| core.call_utility(&method, args));
+            match reply {
+                UtilityReply::Local(tx) => {
+                    let _ = tx.send(result);
+                }
+                UtilityReply::Remote(call_id) => {
+                    let _ = outputs.send(CoreOutput::Utility { call_id, result });
+                }
+            }
         }
         CoreInput::Shutdown { drain } => *stopping = Some(drain && stopping.unwrap_or(true)),
     }
@@ -130,15 +149,21 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-/// Hands outputs to the streams of their requests until the busy loop ends.
-pub(crate) fn run_output_thread(outputs: Receiver<CoreOutput>, shared: Arc<Shared>) {
+/// Hands outputs to the streams of their requests (in this process) until
+/// the busy loop ends, then marks the engine stopped or dead.
+pub(crate) fn run_output_thread(outputs: Receiver<CoreOutput>, shared: &Shared) {
+    let mut died = None;
     for msg in outputs {
         match msg {
-            CoreOutput::Step(outs) => shared.dispatch(outs),
+            CoreOutput::Step(outs, stats) => {
+                shared.publish_stats(stats);
+                shared.dispatch(outs);
+            }
             CoreOutput::Rejected { request_id, reason } => shared.reject(&request_id, reason),
-            CoreOutput::Dead(reason) => shared.fail_all(&reason),
+            CoreOutput::Dead(reason) => died = Some(reason),
+            // Local callers are answered by the busy loop directly.
+            CoreOutput::Utility { .. } => {}
         }
     }
-    // The loop ended without an error (shutdown): streams still open end.
-    shared.close_all();
+    shared.stop(died);
 }

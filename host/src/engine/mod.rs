@@ -7,6 +7,7 @@ mod client;
 mod core;
 mod core_proc;
 mod executor;
+pub mod ipc;
 mod llm;
 mod output_processor;
 mod shared;

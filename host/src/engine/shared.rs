@@ -120,18 +120,24 @@ impl Shared {
         }
     }
 
-    /// Ends every stream with the engine-dead sentinel.
-    pub(crate) fn fail_all(&self, reason: &str) {
+    /// Marks the engine stopped (`None`) or dead (the reason) unless it
+    /// already was, then ends every stream with the sentinel; in that order, so a client that sees
+    /// the sentinel also sees the engine as not alive.
+    pub(crate) fn stop(&self, died: Option<String>) {
+        let reason = died.clone().unwrap_or_else(|| "the engine was shut down".into());
+        // The first word on why the engine stopped is the one that stands.
+        self.liveness.send_if_modified(|state| {
+            let first = *state == Liveness::Alive;
+            if first {
+                *state = died.map_or(Liveness::Stopped, Liveness::Dead);
+            }
+            first
+        });
         let mut streams = lock(&self.streams);
         streams.by_client.clear();
         for (_, (_, tx)) in streams.by_internal.drain() {
-            let _ = tx.send(Err(EngineCoreError::Dead(reason.to_string())));
+            let _ = tx.send(Err(EngineCoreError::Dead(reason.clone())));
         }
-    }
-
-    /// Ends every stream (an engine that shut down).
-    pub(crate) fn close_all(&self) {
-        self.fail_all("the engine was shut down");
     }
 
     pub(crate) fn publish_stats(&self, stats: EngineStats) {
@@ -140,10 +146,6 @@ impl Shared {
 
     pub(crate) fn stats(&self) -> EngineStats {
         lock(&self.stats).clone()
-    }
-
-    pub(crate) fn mark_stopped(&self, error: Option<String>) {
-        self.liveness.send_replace(error.map_or(Liveness::Stopped, Liveness::Dead));
     }
 
     pub(crate) fn liveness(&self) -> Liveness {

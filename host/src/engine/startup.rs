@@ -41,7 +41,7 @@ pub fn default_threads() -> usize {
 /// whole start-up sequence (`host bench` drives it directly).
 pub fn start(config: &EngineConfig) -> anyhow::Result<Started> {
     let spinner = spinner(format!("loading {}", config.model.path.display()));
-    let tokenizer = load_tokenizer(&config.model.path, config.model.tokenizer.as_deref())?;
+    let tokenizer = load_tokenizer(config)?;
     let mut executor = UniProcExecutor::start(worker_config(config, tokenizer.eos_token_id())?)?;
     let num_blocks = initialize_kv_cache(&mut executor, config)?;
     spinner.finish_and_clear();
@@ -57,7 +57,7 @@ pub fn start(config: &EngineConfig) -> anyhow::Result<Started> {
 /// frontend needs.
 pub fn build_engine_core(config: &EngineConfig) -> anyhow::Result<(EngineCore, Tokenizer)> {
     let spinner = spinner(format!("loading {}", config.model.path.display()));
-    let tokenizer = load_tokenizer(&config.model.path, config.model.tokenizer.as_deref())?;
+    let tokenizer = load_tokenizer(config)?;
     let mut executor = executor_for(config, tokenizer.eos_token_id())?;
     let num_blocks = initialize_kv_cache(executor.as_mut(), config)?;
     let timeout = start_timeout(config);
@@ -136,9 +136,13 @@ fn counts(replies: Vec<RpcValue>, method: &str) -> anyhow::Result<Vec<u64>> {
         .collect()
 }
 
-/// The tokenizer: an explicit `tokenizer.json`, the one beside a Hugging
-/// Face checkpoint, or the GGUF file's own.
-fn load_tokenizer(model: &Path, explicit: Option<&Path>) -> anyhow::Result<Tokenizer> {
+/// The configured model's tokenizer: `model.tokenizer`, the one beside a
+/// Hugging Face checkpoint, or the GGUF file's own.
+pub fn load_tokenizer(config: &EngineConfig) -> anyhow::Result<Tokenizer> {
+    tokenizer_from(&config.model.path, config.model.tokenizer.as_deref())
+}
+
+fn tokenizer_from(model: &Path, explicit: Option<&Path>) -> anyhow::Result<Tokenizer> {
     if let Some(json) = explicit {
         return Ok(Tokenizer::from_file(json)?);
     }

@@ -86,7 +86,7 @@ impl ComputedBlocks {
 }
 
 /// Prefix-cache counters, in tokens, over requests admitted with a lookup.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PrefixCacheStats {
     /// Admissions that looked up the cache.
     pub requests: u64,

@@ -39,7 +39,7 @@ pub use request::{FinishReason, ReqHandle, Request, RequestStatus};
 use crate::kv_cache::{KVCacheManager, PrefixCacheStats};
 
 /// Counters and gauges for logging and the metrics endpoint.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SchedulerStats {
     /// Requests in the running batch.
     pub num_running: usize,

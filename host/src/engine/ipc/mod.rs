@@ -1,0 +1,95 @@
+//! The engine core in its own process (as in vLLM, where the API server and
+//! the engine core are separate processes): the wire messages, the process
+//! side (the hidden `host engine-core` command) and the client side.
+//!
+//! Two shared-memory [`MessageQueue`](crate::message_queue::MessageQueue)s
+//! carry the traffic: the client writes [`ClientMessage`]s, the engine core
+//! writes [`CoreMessage`]s. The start-up handshake uses the child's standard
+//! streams, as the `mp` executor's workers do: stdin brings one JSON line
+//! ([`Bootstrap`]) and then serves as the death pipe (end-of-file: the
+//! client is gone, the engine core exits); stdout carries one JSON line
+//! ([`Ready`]). A crash of the engine-core process is noticed by the client's
+//! watcher thread, which ends every stream with the engine-dead sentinel.
+
+mod client_side;
+mod core_side;
+
+use serde::{Deserialize, Serialize};
+
+use super::core::{EngineCoreOutput, EngineCoreRequest, EngineStats};
+use crate::message_queue::Handle;
+
+pub use client_side::ProcessTransport;
+pub use core_side::run;
+
+/// What the client sends the engine-core process on its stdin.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Bootstrap {
+    /// The engine configuration, as TOML.
+    pub config_toml: String,
+    /// The queue the client writes its messages to.
+    pub input_handle: Handle,
+}
+
+/// What the engine-core process answers on its stdout once started.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Ready {
+    /// Started; the client reads outputs from this queue.
+    Ready {
+        /// The engine core's output queue.
+        output_handle: Handle,
+        /// The longest context a request may have.
+        max_model_len: usize,
+        /// The counters before any request.
+        stats: EngineStats,
+    },
+    /// Start-up failed (the reason); the process exits.
+    Failed(String),
+}
+
+/// A message from the client to the engine core.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum ClientMessage {
+    /// ADD.
+    Add(EngineCoreRequest),
+    /// ABORT.
+    Abort(Vec<String>),
+    /// UTILITY: the arguments as JSON text (the binary format cannot carry
+    /// a free-form value).
+    Utility {
+        /// Matches the answer to the call.
+        call_id: u64,
+        /// The engine method.
+        method: String,
+        /// Its arguments, as JSON.
+        args_json: String,
+    },
+    /// Stop, draining or aborting.
+    Shutdown {
+        /// Drain rather than abort.
+        drain: bool,
+    },
+}
+
+/// A message from the engine core to the client.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum CoreMessage {
+    /// One step's outputs and the counters after it.
+    Step(Vec<EngineCoreOutput>, EngineStats),
+    /// A request the scheduler refused.
+    Rejected {
+        /// The request (the engine core's id for it).
+        request_id: String,
+        /// Why.
+        reason: String,
+    },
+    /// A utility call's answer: the result as JSON text, or the error.
+    Utility {
+        /// The call.
+        call_id: u64,
+        /// The result.
+        result: Result<String, String>,
+    },
+    /// The engine died (the reason); the process exits non-zero.
+    Dead(String),
+}
