@@ -280,6 +280,34 @@ fn a_killed_worker_fails_the_next_call_within_a_second_naming_rank_and_signal() 
 }
 
 #[test]
+fn a_worker_killed_during_a_call_fails_the_pending_future() {
+    let _serial = serial();
+    let mut ex = MultiprocExecutor::start(&config("mp"), None, 2).expect("two workers start");
+    let pids = ex.worker_pids().to_vec();
+    // Rank 1 is stopped, so the call is still pending when it is killed.
+    signal(pids[1], "STOP");
+    let pending = ex
+        .collective_rpc("check_health", RpcValue::Unit, None, true, TIMEOUT)
+        .unwrap();
+    signal(pids[1], "KILL");
+    let started = Instant::now();
+    let err = pending.result().unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "noticed after {:?}",
+        started.elapsed()
+    );
+    assert!(
+        matches!(err, ExecutorError::WorkerDied { rank: 1, .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("SIGKILL") || err.to_string().contains("signal: 9"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_worker_that_cannot_load_its_model_fails_start_up_by_rank_and_leaves_nothing() {
     let _serial = serial();
     let mut c = config("mp");

@@ -325,7 +325,8 @@ impl EngineConfig {
             return invalid(
                 "parallel.tensor_parallel_size",
                 format!(
-                    "is {}, but this build runs one worker; use 1",
+                    "is {}, but tensor parallelism is not implemented yet; use 1 (the `mp` backend \
+                     already runs the worker in its own process)",
                     self.parallel.tensor_parallel_size
                 ),
             );
