@@ -10,5 +10,8 @@ rustup target add wasm32-wasip2
 python3 -m pip install --quiet --disable-pip-version-check -r tests/reference/requirements.txt
 # The default model (cached; checked by sha256).
 bash scripts/fetch-model.sh
+# The shipped and fixture plugins: their own workspace, built for WebAssembly
+# (the end-to-end tests load them from plugins/target), and their unit tests.
+(cd plugins && cargo build --release --target wasm32-wasip2 && cargo test)
 
 cargo test --workspace --all-targets

@@ -170,14 +170,51 @@ impl Default for WorkerConfig {
     }
 }
 
-/// `[plugins]`: WebAssembly components to make known by qualified name.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// `[plugins]`: WebAssembly components to make known by qualified name,
+/// the logits processors to apply, and the sandbox's limits.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PluginsConfig {
     /// Component files (`--plugin FILE` appends here).
     pub paths: Vec<PathBuf>,
     /// Folders whose `*.wasm` components are all made known.
     pub dirs: Vec<PathBuf>,
+    /// Logits-processor plugins applied before sampling, by qualified name,
+    /// in order.
+    pub logits_processors: Vec<String>,
+    /// Options passed to a plugin's `init`, by qualified name, e.g.
+    /// `[plugins.options."engine:shortest-prompt-first"] max_wait_s = 5`.
+    pub options: std::collections::BTreeMap<String, toml::Table>,
+    /// Wall-clock budget of one per-step plugin call, in milliseconds.
+    pub deadline_ms: u64,
+    /// Wall-clock budget of a plugin's `init`, in milliseconds.
+    pub init_deadline_ms: u64,
+    /// Linear memory one plugin instance may use, in MiB.
+    pub memory_limit_mib: u64,
+    /// `fallback` (log, go on without the plugin for that step) or `fail`
+    /// (a faulting logits processor fails the step).
+    pub on_error: String,
+    /// Keep compiled components on disk so a restart does not recompile.
+    pub cache: bool,
+    /// Where; unset: `$XDG_CACHE_HOME/host/plugins` or `~/.cache/host/plugins`.
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl Default for PluginsConfig {
+    fn default() -> Self {
+        PluginsConfig {
+            paths: Vec::new(),
+            dirs: Vec::new(),
+            logits_processors: Vec::new(),
+            options: Default::default(),
+            deadline_ms: 20,
+            init_deadline_ms: 1000,
+            memory_limit_mib: 64,
+            on_error: "fallback".into(),
+            cache: true,
+            cache_dir: None,
+        }
+    }
 }
 
 /// `[server]`: the OpenAI-compatible HTTP API.

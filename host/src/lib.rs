@@ -13,6 +13,7 @@ pub mod kv_cache;
 pub mod message_queue;
 pub mod model;
 pub mod model_runner;
+pub mod plugins;
 pub mod sampling;
 pub mod scheduler;
 pub mod server;

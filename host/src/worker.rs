@@ -84,6 +84,10 @@ pub enum WorkerError {
     /// A scheduler output did not fit the persistent batch.
     #[error(transparent)]
     Batch(#[from] BatchError),
+    /// A logits-processor plugin could not be loaded, or failed under
+    /// `plugins.on_error = "fail"`.
+    #[error(transparent)]
+    Plugin(#[from] crate::plugins::PluginError),
 }
 
 /// A CPU worker.
@@ -278,11 +282,27 @@ impl Worker {
         Ok(())
     }
 
+    /// Loads the logits processors `plugins` (the engine's `[plugins]`
+    /// section as JSON) names, applied to every sampled row from the next
+    /// step on (the `load_logits_processors` worker method).
+    pub fn load_logits_processors(&mut self, plugins: &str) -> Result<(), WorkerError> {
+        let config: crate::config::PluginsConfig = serde_json::from_str(plugins)
+            .map_err(|e| WorkerError::Config(format!("load_logits_processors: invalid [plugins] JSON: {e}")))?;
+        let host = crate::plugins::host_from_config(&config)?;
+        if let Some(processors) = host.logits_processors(&config.logits_processors)? {
+            self.input_batch.set_processors(processors);
+        }
+        Ok(())
+    }
+
     /// Samples the step [`Worker::execute_model`] ran: one token for each
     /// request that reached the end of its known tokens, as `(handle, [token])`.
     pub fn sample_tokens(&mut self) -> Result<ModelRunnerOutput, WorkerError> {
         match self.pending.take() {
-            Some((plan, mut logits)) => Ok(self.input_batch.sample(&plan, &mut logits)?),
+            Some((plan, mut logits)) => {
+                self.input_batch.apply_processors(&plan, &mut logits)?;
+                Ok(self.input_batch.sample(&plan, &mut logits)?)
+            }
             None => Ok(ModelRunnerOutput::default()),
         }
     }

@@ -6,6 +6,7 @@
 mod bench;
 mod bench_throughput;
 mod generate;
+mod plugin;
 mod sampling_args;
 mod serve;
 
@@ -38,6 +39,9 @@ enum Command {
     /// Inspect the configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// List and inspect WebAssembly plugins.
+    #[command(subcommand)]
+    Plugin(plugin::PluginCommand),
     /// A worker process of the `mp` executor (started by the engine, which
     /// writes its bootstrap on stdin).
     #[command(hide = true)]
@@ -84,6 +88,10 @@ struct EngineArgs {
     /// Compute threads; 0 = every core [worker.num_threads].
     #[arg(long, global = true)]
     num_threads: Option<usize>,
+    /// A WebAssembly plugin component to make known (repeatable); appended
+    /// to [plugins.paths].
+    #[arg(long = "plugin", global = true, value_name = "FILE.wasm")]
+    plugins: Vec<PathBuf>,
 }
 
 impl EngineArgs {
@@ -113,7 +121,9 @@ impl EngineArgs {
     fn load(&self, more: &[String]) -> anyhow::Result<EngineConfig> {
         let mut overrides = self.overrides();
         overrides.extend_from_slice(more);
-        Ok(EngineConfig::load(self.config.as_deref(), &overrides)?)
+        let mut config = EngineConfig::load(self.config.as_deref(), &overrides)?;
+        config.plugins.paths.extend(self.plugins.iter().cloned());
+        Ok(config)
     }
 }
 
@@ -130,6 +140,7 @@ pub fn main() -> ExitCode {
         Command::Serve(_) => serve::run(&config),
         Command::Generate(args) => generate::run(&config, &args),
         Command::Bench(args) => bench::run(&config, &args),
+        Command::Plugin(command) => plugin::run(&config, &command),
         Command::Config(ConfigCommand::Show) => {
             print!("{}", config.to_toml());
             Ok(())

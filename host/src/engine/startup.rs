@@ -68,9 +68,14 @@ pub fn build_engine_core(config: &EngineConfig) -> anyhow::Result<(EngineCore, T
     .into_iter()
     .min()
     .context("max_model_len: no worker replied")?;
+    if !config.plugins.logits_processors.is_empty() {
+        let plugins = serde_json::to_string(&config.plugins)?;
+        executor.call("load_logits_processors", RpcValue::Json(plugins), None, timeout)?;
+    }
     spinner.finish_and_clear();
     let sched = &config.scheduler;
-    let scheduler = Scheduler::new(SchedulerConfig {
+    let policy = scheduling_policy(config)?;
+    let scheduler = Scheduler::with_policy(SchedulerConfig {
         max_num_seqs: u32::try_from(sched.max_num_seqs)?,
         max_num_batched_tokens: u32::try_from(sched.max_num_batched_tokens)?,
         max_model_len: u32::try_from(max_model_len)?,
@@ -81,8 +86,19 @@ pub fn build_engine_core(config: &EngineConfig) -> anyhow::Result<(EngineCore, T
         enable_prefix_caching: config.cache.enable_prefix_caching,
         eos_token_id: tokenizer.eos_token_id(),
         policy: sched.policy.clone(),
-    })?;
+    }, policy)?;
     Ok((EngineCore::new(scheduler, executor), tokenizer))
+}
+
+/// The policy `scheduler.policy` names: a built-in, or a plugin made known
+/// by `[plugins]` (the WebAssembly engine starts only when plugins are
+/// configured).
+fn scheduling_policy(config: &EngineConfig) -> anyhow::Result<Box<dyn crate::scheduler::SchedulingPolicy>> {
+    let plugins = &config.plugins;
+    if plugins.paths.is_empty() && plugins.dirs.is_empty() {
+        return Ok(crate::scheduler::builtin_policy(&config.scheduler.policy)?);
+    }
+    Ok(crate::plugins::host_from_config(plugins)?.scheduling_policy(&config.scheduler.policy)?)
 }
 
 /// Sizes the KV cache to the fewest blocks any worker can hold, allocates

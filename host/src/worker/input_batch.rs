@@ -9,6 +9,7 @@
 use thiserror::Error;
 
 use crate::model_runner::{Logits, ModelInput, SeqInput};
+use crate::plugins::{LogitsProcessors, PluginError, Row};
 use crate::sampling::{RequestSampler, SamplingParams};
 use super::output::{Logprobs, ModelRunnerOutput};
 use crate::scheduler::{ReqHandle, SchedulerOutput};
@@ -44,13 +45,45 @@ pub struct InputBatch {
     /// Indexed by handle.
     requests: Vec<Option<CachedRequestState>>,
     eos_token_id: Option<u32>,
+    /// Logits-processor plugins, told when requests enter and leave.
+    processors: Option<LogitsProcessors>,
+    /// The rows handed to the processors (reused).
+    processor_rows: Vec<Row>,
 }
 
 impl InputBatch {
     /// An empty batch; `eos_token_id` is masked while a request is below its
     /// `min_tokens`.
     pub fn new(eos_token_id: Option<u32>) -> InputBatch {
-        InputBatch { requests: Vec::new(), eos_token_id }
+        InputBatch { requests: Vec::new(), eos_token_id, processors: None, processor_rows: Vec::new() }
+    }
+
+    /// Installs logits-processor plugins; they learn of requests from the
+    /// next `prepare` on (call it before the first step).
+    pub fn set_processors(&mut self, processors: LogitsProcessors) {
+        self.processors = Some(processors);
+    }
+
+    /// Lets the logits processors edit the rows `plan` samples, once for the
+    /// whole step.
+    pub fn apply_processors(&mut self, plan: &StepPlan, logits: &mut Logits) -> Result<(), PluginError> {
+        let Some(processors) = self.processors.as_mut() else { return Ok(()) };
+        self.processor_rows.clear();
+        for (row, &(h, samples)) in plan.rows.iter().enumerate() {
+            let Some(req) = self.requests.get(h.index()).and_then(Option::as_ref) else { continue };
+            if samples {
+                self.processor_rows.push(Row {
+                    id: h.0,
+                    num_output_tokens: req.sampler.num_output_tokens() as u32,
+                    last_token: req.token_ids.last().copied().unwrap_or(0),
+                    logits_row: row,
+                });
+            }
+        }
+        if self.processor_rows.is_empty() {
+            return Ok(());
+        }
+        processors.apply(&self.processor_rows, &mut logits.data, logits.vocab_size)
     }
 
     /// Applies `so`'s deltas (in the order its contract states) and builds the
@@ -60,6 +93,9 @@ impl InputBatch {
             if let Some(slot) = self.requests.get_mut(h.index()) {
                 *slot = None;
             }
+            if let Some(p) = self.processors.as_mut() {
+                p.remove(h.0);
+            }
         }
         for new in &so.scheduled_new_reqs {
             let i = new.handle.index();
@@ -67,6 +103,10 @@ impl InputBatch {
                 self.requests.resize_with(i + 1, || None);
             }
             let sampler = RequestSampler::new(&new.sampling_params, &new.prompt_token_ids, self.eos_token_id);
+            if let Some(p) = self.processors.as_mut() {
+                p.remove(new.handle.0);
+                p.add(new.handle.0, new.sampling_params.extra_args.as_ref());
+            }
             self.requests[i] = Some(CachedRequestState {
                 token_ids: new.prompt_token_ids.clone(),
                 num_computed_tokens: new.num_computed_tokens as usize,

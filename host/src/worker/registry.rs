@@ -109,6 +109,13 @@ impl WorkerMethods {
                 }),
             ),
             (
+                "load_logits_processors",
+                Box::new(|w, a| match a {
+                    RpcValue::Json(plugins) => Ok(w.load_logits_processors(&plugins).map(|()| RpcValue::Unit)?),
+                    other => anyhow::bail!("load_logits_processors expects Json ([plugins]), got {}", other.kind()),
+                }),
+            ),
+            (
                 "sample_tokens",
                 Box::new(|w, a| {
                     no_args("sample_tokens", a)?;

@@ -1,0 +1,120 @@
+//! WebAssembly plugins (the wasm host): scheduling policies and logits
+//! processors written against `wit/plugins.wit` (package
+//! `engine:plugins@0.1.0`), run on wasmtime's component model in a sandbox,
+//! and resolved by the qualified name they declare.
+//!
+//! - [`runtime`]: one `Engine`, the sandbox (no imports granted, memory
+//!   limit, per-call epoch deadline) and the compiled-component cache
+//!   ([`cache`]).
+//! - [`registry`]: loading `--plugin` files and `plugins.dirs`, WIT version
+//!   and kind checks, resolution by name ([`PluginHost`]).
+//! - [`instance`]: a long-lived `Store` per instance, recreated after a
+//!   fault.
+//! - [`policy`] / [`processor`]: the two kinds behind the scheduler's
+//!   policy seam and the worker's sampler.
+//!
+//! Plugins are called from the scheduler and the worker, never the other
+//! way round; `docs/plugins.md` tells a plugin author how to write one.
+
+mod bindings;
+mod cache;
+mod error;
+pub mod instance;
+pub mod policy;
+pub mod processor;
+pub mod registry;
+pub mod runtime;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use error::PluginError;
+pub use processor::{LogitsProcessors, Row};
+pub use registry::{OptionInfo, PluginHost, PluginInfo, SUPPORTED_WIT};
+pub use runtime::{Limits, PluginRuntime};
+
+use crate::config::PluginsConfig;
+
+/// What a plugin is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PluginKind {
+    /// Orders admission and picks preemption victims (`scheduler.policy`).
+    SchedulingPolicy,
+    /// Edits logits before sampling (`plugins.logits_processors`).
+    LogitsProcessor,
+}
+
+impl std::fmt::Display for PluginKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PluginKind::SchedulingPolicy => "scheduling policy",
+            PluginKind::LogitsProcessor => "logits processor",
+        })
+    }
+}
+
+/// What a faulting per-step plugin call does to the step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnError {
+    /// Log it and go on without the plugin for this step (a policy uses
+    /// FCFS, a processor's edits are skipped).
+    Fallback,
+    /// Fail the step with the plugin's error (logits processors; a policy
+    /// always falls back, as the scheduler must still schedule).
+    Fail,
+}
+
+impl std::str::FromStr for OnError {
+    type Err = PluginError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "fallback" => Ok(OnError::Fallback),
+            "fail" => Ok(OnError::Fail),
+            _ => Err(PluginError::Config(format!("on_error = {s:?}; use \"fallback\" or \"fail\""))),
+        }
+    }
+}
+
+/// The compiled-component cache folder: `plugins.cache_dir`, else
+/// `$XDG_CACHE_HOME/host/plugins`, else `$HOME/.cache/host/plugins`.
+pub fn cache_dir(config: &PluginsConfig) -> Option<PathBuf> {
+    if !config.cache {
+        return None;
+    }
+    if let Some(dir) = &config.cache_dir {
+        return Some(dir.clone());
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("host/plugins"))
+}
+
+/// The runtime the `[plugins]` settings describe.
+pub fn runtime_from_config(config: &PluginsConfig) -> Result<Arc<PluginRuntime>, PluginError> {
+    if config.deadline_ms == 0 || config.memory_limit_mib == 0 {
+        return Err(PluginError::Config("deadline_ms and memory_limit_mib must be at least 1".into()));
+    }
+    let limits = Limits {
+        deadline: Duration::from_millis(config.deadline_ms),
+        init_deadline: Duration::from_millis(config.init_deadline_ms.max(config.deadline_ms)),
+        memory_bytes: usize::try_from(config.memory_limit_mib << 20)
+            .map_err(|_| PluginError::Config("memory_limit_mib does not fit this machine".into()))?,
+    };
+    PluginRuntime::new(limits, cache_dir(config))
+        .map(Arc::new)
+        .map_err(|e| PluginError::Config(format!("cannot start the WebAssembly engine: {e}")))
+}
+
+/// Loads every plugin the `[plugins]` settings make known.
+pub fn host_from_config(config: &PluginsConfig) -> Result<PluginHost, PluginError> {
+    let on_error: OnError = config.on_error.parse()?;
+    let mut options = std::collections::BTreeMap::new();
+    for (name, table) in &config.options {
+        let json = serde_json::to_string(table)
+            .map_err(|e| PluginError::Config(format!("options for {name:?} cannot be expressed as JSON: {e}")))?;
+        options.insert(name.clone(), json);
+    }
+    PluginHost::load(runtime_from_config(config)?, &config.paths, &config.dirs, options, on_error)
+}

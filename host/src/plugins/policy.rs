@@ -1,0 +1,102 @@
+//! A scheduling-policy plugin behind the scheduler's [`SchedulingPolicy`]
+//! seam. The views are copied into reused column buffers (no allocation in
+//! steady state) and cross as parallel lists; the answer is checked here so
+//! the log names the plugin and what was wrong. On a fault this step uses
+//! FCFS (the built-in fallback) and the instance is recreated.
+
+use crate::scheduler::policy::{RunningView, SchedulingPolicy, WaitingView};
+
+use super::bindings::policy::{RunningBatch, SchedulingPolicyPlugin, WaitingQueue};
+use super::instance::Sandboxed;
+
+/// A WebAssembly scheduling policy.
+pub struct WasmPolicy {
+    plugin: Sandboxed<SchedulingPolicyPlugin>,
+    waiting: WaitingQueue,
+    running: RunningBatch,
+    seen: Vec<bool>,
+}
+
+impl WasmPolicy {
+    /// Wraps a started instance.
+    pub(super) fn new(plugin: Sandboxed<SchedulingPolicyPlugin>) -> WasmPolicy {
+        WasmPolicy {
+            plugin,
+            waiting: WaitingQueue { ids: Vec::new(), prompt_lens: Vec::new(), priorities: Vec::new(), arrival_times: Vec::new() },
+            running: RunningBatch {
+                ids: Vec::new(),
+                priorities: Vec::new(),
+                arrival_times: Vec::new(),
+                num_computed_tokens: Vec::new(),
+            },
+            seen: Vec::new(),
+        }
+    }
+
+    /// Faults since start (each one a step that fell back to FCFS).
+    pub fn faults(&self) -> u64 {
+        self.plugin.faults()
+    }
+
+    /// The latest fault's message, naming the hook and what happened.
+    pub fn last_fault(&self) -> Option<&str> {
+        self.plugin.last_fault()
+    }
+}
+
+fn refill<T: Copy>(dst: &mut Vec<T>, src: &[T]) {
+    dst.clear();
+    dst.extend_from_slice(src);
+}
+
+impl SchedulingPolicy for WasmPolicy {
+    fn name(&self) -> &str {
+        self.plugin.name()
+    }
+
+    fn order_waiting(&mut self, view: &WaitingView<'_>, out: &mut Vec<u32>) {
+        let q = &mut self.waiting;
+        refill(&mut q.ids, view.ids);
+        refill(&mut q.prompt_lens, view.prompt_lens);
+        refill(&mut q.priorities, view.priorities);
+        refill(&mut q.arrival_times, view.arrival_times);
+        let q = &self.waiting;
+        let answer = self.plugin.call("order-waiting", |w, s| w.engine_plugins_scheduling_policy().call_order_waiting(s, q));
+        let order = match answer {
+            Ok(order) => order,
+            Err(_) => {
+                out.extend(0..view.len() as u32);
+                return;
+            }
+        };
+        let n = view.len();
+        self.seen.clear();
+        self.seen.resize(n, false);
+        let bad = order.iter().find(|&&p| (p as usize) >= n || std::mem::replace(&mut self.seen[p as usize], true));
+        if let Some(&p) = bad {
+            let why = if (p as usize) >= n { "is out of range" } else { "appears twice" };
+            self.plugin.fault("order-waiting", format!("returned an invalid order: position {p} {why} (queue of {n}); using FCFS for this step"));
+            out.extend(0..n as u32);
+            return;
+        }
+        out.extend_from_slice(&order);
+    }
+
+    fn pick_victim(&mut self, view: &RunningView<'_>) -> Option<u32> {
+        let r = &mut self.running;
+        refill(&mut r.ids, view.ids);
+        refill(&mut r.priorities, view.priorities);
+        refill(&mut r.arrival_times, view.arrival_times);
+        refill(&mut r.num_computed_tokens, view.num_computed_tokens);
+        let r = &self.running;
+        match self.plugin.call("pick-victim", |w, s| w.engine_plugins_scheduling_policy().call_pick_victim(s, r)) {
+            Ok(Some(p)) if (p as usize) < view.len() => Some(p),
+            Ok(Some(p)) => {
+                let n = view.len();
+                self.plugin.fault("pick-victim", format!("returned position {p}, out of range (batch of {n}); preempting the latest admitted"));
+                None
+            }
+            Ok(None) | Err(_) => None,
+        }
+    }
+}
