@@ -58,6 +58,16 @@ fn alive(pid: u32) -> bool {
     }
 }
 
+/// The process group of `pid` (field 5 of /proc/<pid>/stat).
+fn process_group(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read stat");
+    let rest = stat.rsplit(')').next().expect("stat has a command name");
+    rest.split_whitespace()
+        .nth(2)
+        .and_then(|g| g.parse().ok())
+        .expect("pgrp field")
+}
+
 /// Sends `sig` (a name: KILL, STOP, CONT) to `pid`.
 fn signal(pid: u32, sig: &str) {
     let status = Command::new("kill")
@@ -124,6 +134,15 @@ fn futures_resolve_in_call_order_and_method_errors_leave_workers_serving() {
     let _serial = serial();
     let mut ex = MultiprocExecutor::start(&config("mp"), None, 2).expect("two workers start");
     let pids = ex.worker_pids().to_vec();
+    // Each worker leads its own process group, so a terminal's Ctrl-C
+    // reaches only the engine.
+    for &pid in &pids {
+        assert_eq!(
+            process_group(pid),
+            pid,
+            "worker {pid} shares the engine's process group"
+        );
+    }
     // Resolving the later future first drains the earlier one's replies.
     let first = ex
         .collective_rpc("max_model_len", RpcValue::Unit, None, true, TIMEOUT)

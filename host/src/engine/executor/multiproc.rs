@@ -10,6 +10,7 @@
 //! ([`super::rpc`]). Shutdown: [`super::monitor::WorkerSet::terminate`].
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
@@ -199,8 +200,12 @@ fn spawn(
     boot: &Bootstrap,
     ready: mpsc::Sender<(usize, std::io::Result<String>)>,
 ) -> Result<(Child, ChildStdin), String> {
+    // Its own process group: a Ctrl-C at the terminal reaches only the
+    // engine, which then shuts the workers down through their death pipes
+    // (a draining server keeps its workers until it is done).
     let mut child = Command::new(exe)
         .arg("worker")
+        .process_group(0)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
