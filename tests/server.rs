@@ -1,15 +1,15 @@
 //! `host serve` end to end: the real binary on a free port with the real
 //! model, spoken to over raw HTTP. Answers are checked against the offline
 //! engine (`Llm`, a different frontend over the same engine core), errors
-//! against the OpenAI error shape, and aborts against the engine's own KV
-//! counters in `/metrics`.
+//! against the OpenAI error shape, counters against the requests sent.
+//! Failures (disconnects, SIGTERM, a dead engine) are in `server_faults.rs`.
 
 #[path = "server/harness.rs"]
 mod harness;
 
 use std::time::Duration;
 
-use harness::{sse_data, Server};
+use harness::{chunks, Server};
 use host::config::EngineConfig;
 use host::engine::{Completion, GenerateRequest, Llm, Prompt};
 use host::sampling::SamplingParams;
@@ -46,19 +46,6 @@ fn greedy(max_tokens: u32) -> SamplingParams {
         max_tokens,
         ..SamplingParams::default()
     }
-}
-
-/// The streamed chunks' JSON (without `[DONE]`), checking it ends the stream.
-fn chunks(events: &[String]) -> Vec<Value> {
-    assert_eq!(
-        events.last().map(String::as_str),
-        Some("[DONE]"),
-        "{events:?}"
-    );
-    events[..events.len() - 1]
-        .iter()
-        .map(|e| serde_json::from_str(e).unwrap())
-        .collect()
 }
 
 #[test]
@@ -376,138 +363,6 @@ fn api_key_guards_v1_but_not_probes() {
         .get("/metrics")
         .text()
         .contains("vllm:num_requests_running"));
-}
-
-#[test]
-fn a_client_that_disconnects_has_its_request_aborted_and_blocks_freed() {
-    let server = Server::start(&[]);
-    let body = json!({"prompt": "Tell me a long story.", "max_tokens": 3000, "ignore_eos": true, "stream": true});
-    let mut conn = server.send("POST", "/v1/completions", &[], body.to_string().as_bytes());
-    // Read until a few tokens arrived: the request is running and holds KV.
-    let mut seen = String::new();
-    let mut buf = [0u8; 4096];
-    while sse_data(&seen).len() < 3 {
-        let n = std::io::Read::read(&mut conn, &mut buf).expect("stream read");
-        assert!(n > 0, "stream ended early: {seen}");
-        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
-    }
-    assert!(server.metric("vllm:kv_cache_usage_perc") > 0.0);
-    drop(conn);
-    server.wait_idle(Duration::from_secs(5));
-
-    // Non-streaming too: the handler is dropped with the connection.
-    let body = json!({"prompt": "Tell me a long story.", "max_tokens": 3000, "ignore_eos": true});
-    let conn = server.send("POST", "/v1/completions", &[], body.to_string().as_bytes());
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while server.metric("vllm:num_requests_running") == 0.0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the request never started"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    drop(conn);
-    server.wait_idle(Duration::from_secs(5));
-}
-
-#[test]
-fn sigterm_drains_running_requests_then_exits_zero() {
-    let mut server = Server::start(&[]);
-    let body = json!({"prompt": "Count:", "max_tokens": 40, "ignore_eos": true, "stream": true});
-    let mut conn = server.send("POST", "/v1/completions", &[], body.to_string().as_bytes());
-    let mut first = [0u8; 1];
-    std::io::Read::read_exact(&mut conn, &mut first).expect("the answer starts");
-    server.signal("TERM");
-    let mut rest = Vec::new();
-    std::io::Read::read_to_end(&mut conn, &mut rest).expect("the stream completes");
-    let text = String::from_utf8_lossy(&rest);
-    let cs = chunks(&sse_data(&text));
-    let texts = cs
-        .iter()
-        .filter(|c| c["choices"][0]["text"].is_string())
-        .count();
-    assert_eq!(texts, 40, "a draining shutdown lets the request finish");
-    assert_eq!(cs.last().unwrap()["choices"][0]["finish_reason"], "length");
-    let status = server
-        .wait_exit(Duration::from_secs(30))
-        .expect("exits after draining");
-    assert!(status.success(), "{status:?}");
-}
-
-#[test]
-fn sigterm_without_drain_aborts_running_requests() {
-    let mut server = Server::start(&["--set", "server.drain_on_shutdown=false"]);
-    let body = json!({"prompt": "Count:", "max_tokens": 3000, "ignore_eos": true, "stream": true});
-    let mut conn = server.send("POST", "/v1/completions", &[], body.to_string().as_bytes());
-    let mut first = [0u8; 1];
-    std::io::Read::read_exact(&mut conn, &mut first).expect("the answer starts");
-    server.signal("TERM");
-    let status = server
-        .wait_exit(Duration::from_secs(10))
-        .expect("exits without waiting for 3000 tokens");
-    assert!(status.success(), "{status:?}");
-    let mut rest = Vec::new();
-    let _ = std::io::Read::read_to_end(&mut conn, &mut rest);
-    let events = sse_data(&String::from_utf8_lossy(&rest));
-    assert!(events.len() < 3000, "the request was cut short");
-}
-
-#[test]
-fn a_dead_engine_answers_503_and_the_server_exits_nonzero() {
-    let mut server = Server::start(&["--set", "parallel.distributed_executor_backend=\"mp\""]);
-    assert_eq!(
-        server
-            .post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 2}))
-            .status,
-        200
-    );
-    let workers = children(server.pid());
-    assert!(!workers.is_empty(), "the mp executor has worker processes");
-    let killed = std::process::Command::new("kill")
-        .arg("-9")
-        .arg(workers[0].to_string())
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    // The engine notices within its step / monitor deadline; until the
-    // process exits, every request is refused with 503.
-    let mut saw_503 = false;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while std::time::Instant::now() < deadline {
-        match std::net::TcpStream::connect(&server.addr) {
-            Err(_) => break, // the listener is gone: the process is exiting
-            Ok(_) => {
-                let r = server.post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 2}));
-                if r.status == 503 {
-                    assert_eq!(r.json()["error"]["code"], 503);
-                    assert_eq!(server.get("/health").status, 503);
-                    saw_503 = true;
-                    break;
-                }
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(saw_503, "no 503 after the worker died");
-    let status = server
-        .wait_exit(Duration::from_secs(15))
-        .expect("the server exits after the engine died");
-    assert!(!status.success(), "{status:?}");
-}
-
-/// Child processes of `pid`.
-fn children(pid: u32) -> Vec<u32> {
-    let mut pids = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-        let children =
-            std::fs::read_to_string(task.unwrap().path().join("children")).unwrap_or_default();
-        pids.extend(
-            children
-                .split_whitespace()
-                .filter_map(|p| p.parse::<u32>().ok()),
-        );
-    }
-    pids
 }
 
 #[test]

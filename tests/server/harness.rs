@@ -247,3 +247,16 @@ fn dechunk(mut body: &[u8]) -> Vec<u8> {
     }
     out
 }
+
+/// The streamed chunks' JSON (without `[DONE]`), checking it ends the stream.
+pub fn chunks(events: &[String]) -> Vec<Value> {
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("[DONE]"),
+        "{events:?}"
+    );
+    events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect()
+}
