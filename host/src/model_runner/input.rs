@@ -3,7 +3,7 @@
 use super::RunnerError;
 
 /// One sequence's part of a step.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SeqInput {
     /// Tokens of this sequence in the step: the prompt chunk for a prefill,
     /// 1 for a decode.

@@ -127,7 +127,9 @@ impl InputBatch {
 
         input.token_ids.clear();
         input.positions.clear();
-        input.seqs.clear();
+        // Sequences are overwritten in place, so their block tables keep
+        // their allocations from step to step.
+        let mut n_seqs = 0;
         let mut plan = StepPlan::default();
         for &(h, n) in &so.num_scheduled_tokens {
             let req = self.get_mut(h)?;
@@ -141,9 +143,18 @@ impl InputBatch {
             }
             input.token_ids.extend_from_slice(&req.token_ids[start..end]);
             input.positions.extend(start as u32..end as u32);
-            input.seqs.push(SeqInput { query_len: n as usize, context_len: end, block_table: req.block_ids.clone() });
+            if n_seqs == input.seqs.len() {
+                input.seqs.push(SeqInput::default());
+            }
+            let seq = &mut input.seqs[n_seqs];
+            seq.query_len = n as usize;
+            seq.context_len = end;
+            seq.block_table.clear();
+            seq.block_table.extend_from_slice(&req.block_ids);
+            n_seqs += 1;
             plan.rows.push((h, end == req.token_ids.len()));
         }
+        input.seqs.truncate(n_seqs);
         Ok(plan)
     }
 
