@@ -54,3 +54,38 @@ pub fn run_python(script: &str, args: &[&str]) -> String {
     );
     String::from_utf8(out.stdout).expect("reference output is UTF-8")
 }
+
+/// The folder holding the shipped and fixture plugins as `.wasm`
+/// components, built once per test process with
+/// `cargo build --release --target wasm32-wasip2` in `plugins/`
+/// (`scripts/test.sh` builds them before `cargo test`, so this is then a
+/// no-op check).
+pub fn plugins_dir() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let plugins = repo_root().join("plugins");
+            let target = plugins.join("target");
+            let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+                .args(["build", "--release", "--target", "wasm32-wasip2", "--target-dir"])
+                .arg(&target)
+                .current_dir(&plugins)
+                .output()
+                .expect("cannot run cargo to build the plugins");
+            assert!(
+                out.status.success(),
+                "building the plugins failed; run `rustup target add wasm32-wasip2`, then \
+                 `cargo build --release --target wasm32-wasip2` in plugins/\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            target.join("wasm32-wasip2/release")
+        })
+        .clone()
+}
+
+/// The component of the plugin crate `name` (e.g. `shortest_prompt_first`).
+pub fn plugin(name: &str) -> PathBuf {
+    let path = plugins_dir().join(format!("{name}.wasm"));
+    assert!(path.is_file(), "{} was not built", path.display());
+    path
+}
