@@ -14,7 +14,7 @@ use host::config::EngineConfig;
 use host::engine::{Completion, GenerateRequest, Llm, Prompt};
 use host::sampling::SamplingParams;
 use host::tokenizer::ChatMessage;
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// Runs `prompts` through the offline engine with `params`.
 fn offline(prompts: Vec<Prompt>, params: SamplingParams) -> Vec<Completion> {
