@@ -330,6 +330,18 @@ fn worker_children() -> Vec<u32> {
     pids
 }
 
+/// Reads `stream` on to its end, which must be the engine-dead sentinel
+/// (the request cannot finish while the engine is dying).
+fn sentinel(stream: &mut host::engine::OutputStream) -> EngineCoreError {
+    loop {
+        match stream.blocking_next() {
+            Some(Ok(out)) => assert!(out.finish_reason.is_none(), "the request cannot finish: {out:?}"),
+            Some(Err(e)) => return e,
+            None => panic!("the stream ended without the engine-dead sentinel"),
+        }
+    }
+}
+
 /// Kills process `pid` with SIGKILL.
 fn kill9(pid: u32) {
     let killed = std::process::Command::new("kill")
@@ -348,16 +360,7 @@ fn a_crashed_engine_core_process_reaches_every_stream_as_the_sentinel() {
         .unwrap();
     stream.blocking_next().unwrap().unwrap();
     kill9(client.process_id().expect("a process"));
-    let end = loop {
-        match stream.blocking_next() {
-            Some(Ok(out)) => assert!(
-                out.finish_reason.is_none(),
-                "the request cannot finish: {out:?}"
-            ),
-            Some(Err(e)) => break e,
-            None => panic!("the stream ended without the engine-dead sentinel"),
-        }
-    };
+    let end = sentinel(&mut stream);
     match &end {
         EngineCoreError::Dead(reason) => assert!(reason.contains("signal: 9"), "{reason}"),
         other => panic!("expected the engine-dead sentinel, got {other:?}"),
@@ -387,16 +390,7 @@ fn a_dead_worker_kills_the_engine_and_every_stream_gets_the_sentinel() {
     let workers = worker_children();
     assert_eq!(workers.len(), 1, "one worker process: {workers:?}");
     kill9(workers[0]);
-    let end = loop {
-        match stream.blocking_next() {
-            Some(Ok(out)) => assert!(
-                out.finish_reason.is_none(),
-                "the request cannot finish: {out:?}"
-            ),
-            Some(Err(e)) => break e,
-            None => panic!("the stream ended without the engine-dead sentinel"),
-        }
-    };
+    let end = sentinel(&mut stream);
     match &end {
         EngineCoreError::Dead(reason) => assert!(reason.contains("rank 0"), "{reason}"),
         other => panic!("expected the engine-dead sentinel, got {other:?}"),

@@ -56,6 +56,24 @@ pub struct WorkerConfig {
     pub eos_token_id: Option<u32>,
 }
 
+#[cfg(test)]
+impl WorkerConfig {
+    /// A small configuration whose model does not exist: enough for the
+    /// unit tests of everything up to `load_model`.
+    pub(crate) fn for_unit_tests() -> WorkerConfig {
+        WorkerConfig {
+            model: PathBuf::from("/nonexistent/model.gguf"),
+            load_format: LoadFormat::Auto,
+            num_threads: 1,
+            kv_cache_memory_bytes: 1 << 20,
+            block_size: 16,
+            max_num_batched_tokens: 64,
+            max_model_len: None,
+            eos_token_id: None,
+        }
+    }
+}
+
 /// Why a worker call failed.
 #[derive(Debug, Error)]
 pub enum WorkerError {
@@ -337,16 +355,7 @@ mod tests {
     use super::*;
 
     fn config() -> WorkerConfig {
-        WorkerConfig {
-            model: PathBuf::from("/nonexistent/model.gguf"),
-            load_format: LoadFormat::Auto,
-            num_threads: 1,
-            kv_cache_memory_bytes: 1 << 20,
-            block_size: 16,
-            max_num_batched_tokens: 64,
-            max_model_len: None,
-            eos_token_id: None,
-        }
+        WorkerConfig::for_unit_tests()
     }
 
     #[test]

@@ -204,22 +204,12 @@ pub(crate) fn watch_death_pipe() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::LoadFormat;
     use crate::worker::RpcValue;
 
     const WAIT: Option<Duration> = Some(Duration::from_secs(10));
 
     fn worker() -> Worker {
-        Worker::new(WorkerConfig {
-            model: "/nonexistent/model.gguf".into(),
-            load_format: LoadFormat::Auto,
-            num_threads: 1,
-            kv_cache_memory_bytes: 1 << 20,
-            block_size: 16,
-            max_num_batched_tokens: 64,
-            max_model_len: None,
-            eos_token_id: None,
-        })
+        Worker::new(WorkerConfig::for_unit_tests())
         .unwrap()
     }
 
