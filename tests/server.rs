@@ -232,7 +232,13 @@ fn stop_strings_logprobs_and_seeds() {
 
 #[test]
 fn bad_input_gets_an_openai_error_naming_the_field() {
-    let server = Server::start(&["--set", "server.max_body_bytes=4096"]);
+    // A KV cache of 16 blocks (256 tokens), far below max_model_len.
+    let server = Server::start(&[
+        "--set",
+        "server.max_body_bytes=4096",
+        "--kv-cache-memory-bytes",
+        "12000000",
+    ]);
     let cases: Vec<(&str, &[u8], Option<&str>)> = vec![
         ("/v1/completions", b"{not json", None),
         ("/v1/completions", b"[1, 2]", None),
@@ -319,6 +325,28 @@ fn bad_input_gets_an_openai_error_naming_the_field() {
             .contains("max_model_len"),
         "{}",
         r.text()
+    );
+    // The engine's refusal arrives before a stream's headers: a 400 too.
+    let r = server.post(
+        "/v1/completions",
+        &json!({"prompt": "x", "max_tokens": 100000, "stream": true}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    // A chat request without max_tokens defaults to the rest of the
+    // context, which this cache can never hold: the error says so.
+    let r = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "Hi"}]}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    let e = &r.json()["error"];
+    assert_eq!(e["param"], "max_tokens", "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_tokens was not set"),
+        "{e}"
     );
     // A body over the limit.
     let big = json!({"prompt": "x".repeat(8192)});

@@ -63,18 +63,25 @@ async fn run(
         .encode(&text, false)
         .map_err(|e| ApiError::field("messages", e))?;
     let sampling: SamplingRequest = params::typed(&body)?;
-    // As in vLLM, an unset max_tokens lets the answer run to the context's
-    // end (capped by what the KV cache can ever hold).
+    // As in vLLM, an unset max_tokens lets the answer run to the context's end.
+    let defaulted = sampling.max_tokens.is_none() && sampling.max_completion_tokens.is_none();
     let params =
         params::sampling_params(&sampling, logprobs, app.default_max_tokens(prompt.len()))?;
     let id = app.next_request_id("chatcmpl");
-    let seqs = generate::start(
-        &app,
-        &id,
-        vec![prompt],
-        &params,
-        sampling.priority.unwrap_or(0),
-    )?;
+    let seqs = generate::start(&app, &id, vec![prompt], &params, sampling.priority.unwrap_or(0))
+        .await
+        .map_err(|mut e| {
+            // The engine may refuse the rest of the context (a KV cache smaller
+            // than max_model_len); say where the number came from.
+            if defaulted && e.status == axum::http::StatusCode::BAD_REQUEST {
+                e.message.push_str(&format!(
+                    " (max_tokens was not set, so it defaulted to the rest of the context, {}; set max_tokens)",
+                    params.max_tokens
+                ));
+                e.param = Some("max_tokens".into());
+            }
+            e
+        })?;
     let format = Format {
         id,
         created: super::unix_now(),

@@ -49,7 +49,7 @@ async fn run(
         .map(|p| app.tokenize_prompt(p))
         .collect::<Result<Vec<_>, _>>()?;
     let id = app.next_request_id("cmpl");
-    let seqs = generate::start(&app, &id, prompts, &params, sampling.priority.unwrap_or(0))?;
+    let seqs = generate::start(&app, &id, prompts, &params, sampling.priority.unwrap_or(0)).await?;
     let format = Format {
         id,
         created: super::unix_now(),

@@ -5,8 +5,15 @@
 //! A `Sequence` owns its engine output stream, so dropping it (the client
 //! went away, or the HTTP request failed) aborts the engine request and
 //! frees its KV blocks.
+//!
+//! The scheduler accepts or refuses a request on the engine core's thread,
+//! so a refusal arrives on the stream. `start` waits for each request's
+//! first output before answering, so a refused request is an HTTP 400 even
+//! when it asked to be streamed (the stream's headers are not sent yet).
 
-use crate::engine::{Delta, EngineCoreRequest, Finish, OutputStream, RequestState};
+use crate::engine::{
+    Delta, EngineCoreError, EngineCoreOutput, EngineCoreRequest, Finish, OutputStream, RequestState,
+};
 use crate::sampling::SamplingParams;
 use crate::tokenizer::Tokenizer;
 use crate::worker::Logprobs;
@@ -26,14 +33,18 @@ pub struct Sequence {
     sample: usize,
     stream: OutputStream,
     state: RequestState,
+    /// The first output, read by `start` to learn whether the engine took
+    /// the request.
+    first: Option<EngineCoreOutput>,
     /// Inter-token latencies already handed to the metrics.
     itl_seen: usize,
     done: bool,
 }
 
-/// Queues one engine request per prompt and choice. On error the requests
-/// already queued are dropped, which aborts them.
-pub fn start(
+/// Queues one engine request per prompt and choice and waits until the
+/// engine produced the first output of each (or refused one). On error the
+/// requests already queued are dropped, which aborts them.
+pub async fn start(
     app: &AppState,
     request_id: &str,
     prompts: Vec<Vec<u32>>,
@@ -61,10 +72,22 @@ pub fn start(
                 sample: j,
                 stream,
                 state,
+                first: None,
                 itl_seen: 0,
                 done: false,
             });
         }
+    }
+    for seq in &mut seqs {
+        seq.first = Some(match seq.stream.next().await {
+            Some(Ok(out)) => out,
+            Some(Err(e)) => return Err(e.into()),
+            None => {
+                return Err(ApiError::from(EngineCoreError::Dead(
+                    "the request's stream closed".into(),
+                )))
+            }
+        });
     }
     Ok(seqs)
 }
@@ -74,7 +97,11 @@ impl Sequence {
     /// choice. Latencies go to the metrics as they are measured.
     pub async fn next_delta(&mut self, app: &AppState) -> Option<Result<Delta, ApiError>> {
         while !self.done {
-            let out = match self.stream.next().await {
+            let next = match self.first.take() {
+                Some(out) => Some(Ok(out)),
+                None => self.stream.next().await,
+            };
+            let out = match next {
                 Some(Ok(out)) => out,
                 Some(Err(e)) => return Some(Err(self.fail(e.into()))),
                 None => {
