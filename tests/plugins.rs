@@ -22,11 +22,20 @@ fn engine_config(paths: &[&str]) -> EngineConfig {
 }
 
 fn greedy(max_tokens: u32) -> SamplingParams {
-    SamplingParams { temperature: 0.0, max_tokens, ignore_eos: true, ..SamplingParams::default() }
+    SamplingParams {
+        temperature: 0.0,
+        max_tokens,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    }
 }
 
 fn request(text: &str, params: SamplingParams) -> GenerateRequest {
-    GenerateRequest { prompt: Prompt::Text(text.to_string()), params, priority: 0 }
+    GenerateRequest {
+        prompt: Prompt::Text(text.to_string()),
+        params,
+        priority: 0,
+    }
 }
 
 /// Request indices in the order their first token came out.
@@ -42,10 +51,16 @@ fn admission_order(policy: &str) -> (Vec<usize>, Vec<usize>) {
         "Water boils at",
         "My favourite food is pasta because",
     ];
-    let lens: Vec<usize> = texts.iter().map(|t| llm.encode(&Prompt::Text(t.to_string())).unwrap().len()).collect();
+    let lens: Vec<usize> = texts
+        .iter()
+        .map(|t| llm.encode(&Prompt::Text(t.to_string())).unwrap().len())
+        .collect();
     let reqs: Vec<GenerateRequest> = texts.iter().map(|t| request(t, greedy(2))).collect();
     let done = llm.generate(&reqs, |_, _| {}, |_, _| {}).unwrap();
-    let ttft: Vec<f64> = done.iter().map(|r| r.as_ref().unwrap().metrics.time_to_first_token_s.unwrap()).collect();
+    let ttft: Vec<f64> = done
+        .iter()
+        .map(|r| r.as_ref().unwrap().metrics.time_to_first_token_s.unwrap())
+        .collect();
     let mut order: Vec<usize> = (0..texts.len()).collect();
     order.sort_by(|&a, &b| ttft[a].total_cmp(&ttft[b]));
     let mut by_len: Vec<usize> = (0..texts.len()).collect();
@@ -61,7 +76,10 @@ fn shortest_prompt_first_admits_short_prompts_first() {
     for fcfs in ["builtin:fcfs", "engine:fcfs"] {
         let (order, by_len) = admission_order(fcfs);
         assert_eq!(order, [0, 1, 2, 3, 4], "{fcfs}");
-        assert_ne!(order, by_len, "the prompts were chosen so the two orders differ");
+        assert_ne!(
+            order, by_len,
+            "the prompts were chosen so the two orders differ"
+        );
     }
 }
 
@@ -70,8 +88,13 @@ fn logit_bias_changes_only_the_requests_that_ask() {
     let prompt = "The capital of France is";
     // The model's own ranking of the first token, without plugins.
     let mut llm = Llm::new(&engine_config(&[])).unwrap();
-    let ranked = SamplingParams { logprobs: Some(5), ..greedy(1) };
-    let base = llm.generate(&[request(prompt, ranked)], |_, _| {}, |_, _| {}).unwrap();
+    let ranked = SamplingParams {
+        logprobs: Some(5),
+        ..greedy(1)
+    };
+    let base = llm
+        .generate(&[request(prompt, ranked)], |_, _| {}, |_, _| {})
+        .unwrap();
     let base = base[0].as_ref().unwrap();
     let top: Vec<u32> = base.logprobs[0].top.iter().map(|&(t, _)| t).collect();
     assert_eq!(base.token_ids[0], top[0]);
@@ -80,12 +103,24 @@ fn logit_bias_changes_only_the_requests_that_ask() {
     let mut c = engine_config(&["logit_bias"]);
     c.plugins.logits_processors = vec!["engine:logit-bias".into()];
     let mut llm = Llm::new(&c).unwrap();
-    let with = |args: serde_json::Value| SamplingParams { extra_args: Some(args), ..greedy(1) };
+    let with = |args: serde_json::Value| SamplingParams {
+        extra_args: Some(args),
+        ..greedy(1)
+    };
     let reqs = [
         request(prompt, greedy(1)),
-        request(prompt, with(serde_json::json!({"banned_token_ids": [top[0]]}))),
-        request(prompt, with(serde_json::json!({"logit_bias": {top[4].to_string(): 100.0}}))),
-        request(prompt, with(serde_json::json!({"banned_token_ids": [top[0], top[1]]}))),
+        request(
+            prompt,
+            with(serde_json::json!({"banned_token_ids": [top[0]]})),
+        ),
+        request(
+            prompt,
+            with(serde_json::json!({"logit_bias": {top[4].to_string(): 100.0}})),
+        ),
+        request(
+            prompt,
+            with(serde_json::json!({"banned_token_ids": [top[0], top[1]]})),
+        ),
     ];
     let out: Vec<u32> = llm
         .generate(&reqs, |_, _| {}, |_, _| {})
@@ -100,26 +135,48 @@ fn logit_bias_changes_only_the_requests_that_ask() {
 fn a_faulting_policy_falls_back_and_the_engine_keeps_serving() {
     let mut c = engine_config(&["misbehave"]);
     c.scheduler.policy = "test:misbehave".into();
-    c.plugins.options.insert("test:misbehave".into(), "mode = \"panic\"".parse().unwrap());
+    c.plugins
+        .options
+        .insert("test:misbehave".into(), "mode = \"panic\"".parse().unwrap());
     let mut llm = Llm::new(&c).unwrap();
-    let reqs: Vec<GenerateRequest> = ["The sky is", "Water boils at"].iter().map(|t| request(t, greedy(3))).collect();
+    let reqs: Vec<GenerateRequest> = ["The sky is", "Water boils at"]
+        .iter()
+        .map(|t| request(t, greedy(3)))
+        .collect();
     let done = llm.generate(&reqs, |_, _| {}, |_, _| {}).unwrap();
-    assert!(done.iter().all(|r| r.as_ref().is_ok_and(|c| c.token_ids.len() == 3)), "{done:?}");
+    assert!(
+        done.iter()
+            .all(|r| r.as_ref().is_ok_and(|c| c.token_ids.len() == 3)),
+        "{done:?}"
+    );
 }
 
 #[test]
 fn a_faulting_processor_fails_the_step_only_when_configured_to() {
     let mut c = engine_config(&["misbehave_processor"]);
     c.plugins.logits_processors = vec!["test:misbehave-processor".into()];
-    c.plugins.options.insert("test:misbehave-processor".into(), "mode = \"nan\"".parse().unwrap());
+    c.plugins.options.insert(
+        "test:misbehave-processor".into(),
+        "mode = \"nan\"".parse().unwrap(),
+    );
     let reqs = [request("The sky is", greedy(2))];
     let mut llm = Llm::new(&c).unwrap();
     let done = llm.generate(&reqs, |_, _| {}, |_, _| {}).unwrap();
-    assert_eq!(done[0].as_ref().unwrap().token_ids.len(), 2, "fallback: sampled without the edits");
+    assert_eq!(
+        done[0].as_ref().unwrap().token_ids.len(),
+        2,
+        "fallback: sampled without the edits"
+    );
     drop(llm);
 
     c.plugins.on_error = "fail".into();
     let mut llm = Llm::new(&c).unwrap();
-    let err = format!("{:#}", llm.generate(&reqs, |_, _| {}, |_, _| {}).unwrap_err());
-    assert!(err.contains("test:misbehave-processor") && err.contains("not finite"), "{err}");
+    let err = format!(
+        "{:#}",
+        llm.generate(&reqs, |_, _| {}, |_, _| {}).unwrap_err()
+    );
+    assert!(
+        err.contains("test:misbehave-processor") && err.contains("not finite"),
+        "{err}"
+    );
 }

@@ -15,7 +15,11 @@ use host::plugins::{host_from_config, PluginHost, PluginKind};
 use host::scheduler::{SchedulingPolicy, WaitingView};
 
 fn config(paths: Vec<PathBuf>, cache_dir: &std::path::Path) -> PluginsConfig {
-    PluginsConfig { paths, cache_dir: Some(cache_dir.to_path_buf()), ..PluginsConfig::default() }
+    PluginsConfig {
+        paths,
+        cache_dir: Some(cache_dir.to_path_buf()),
+        ..PluginsConfig::default()
+    }
 }
 
 fn with_options(name: &str, json_mode: &str) -> BTreeMap<String, toml::Table> {
@@ -39,28 +43,56 @@ fn order(policy: &mut dyn SchedulingPolicy) -> Vec<u32> {
 #[test]
 fn policies_resolve_by_qualified_name() {
     let cache = tempfile::tempdir().unwrap();
-    let host = host_from_config(&config(vec![plugin("shortest_prompt_first"), plugin("fcfs")], cache.path())).unwrap();
-    let names: Vec<(&str, PluginKind)> = host.plugins().map(|p| (p.name.as_str(), p.kind)).collect();
+    let host = host_from_config(&config(
+        vec![plugin("shortest_prompt_first"), plugin("fcfs")],
+        cache.path(),
+    ))
+    .unwrap();
+    let names: Vec<(&str, PluginKind)> =
+        host.plugins().map(|p| (p.name.as_str(), p.kind)).collect();
     assert_eq!(
         names,
-        [("engine:shortest-prompt-first", PluginKind::SchedulingPolicy), ("engine:fcfs", PluginKind::SchedulingPolicy)]
+        [
+            ("engine:shortest-prompt-first", PluginKind::SchedulingPolicy),
+            ("engine:fcfs", PluginKind::SchedulingPolicy)
+        ]
     );
     let info = host.plugins().next().unwrap();
-    assert_eq!((info.version.as_str(), info.wit_version.as_str()), ("0.1.0", "engine:plugins@0.1.0"));
+    assert_eq!(
+        (info.version.as_str(), info.wit_version.as_str()),
+        ("0.1.0", "engine:plugins@0.1.0")
+    );
     assert_eq!(info.options[0].name, "max_wait_s");
 
-    let mut sjf = host.scheduling_policy("engine:shortest-prompt-first").unwrap();
+    let mut sjf = host
+        .scheduling_policy("engine:shortest-prompt-first")
+        .unwrap();
     assert_eq!(sjf.name(), "engine:shortest-prompt-first");
     assert_eq!(order(&mut *sjf), [1, 3, 4, 2, 0], "ascending prompt length");
-    assert_eq!(order(&mut *host.scheduling_policy("engine:fcfs").unwrap()), [0, 1, 2, 3, 4]);
+    assert_eq!(
+        order(&mut *host.scheduling_policy("engine:fcfs").unwrap()),
+        [0, 1, 2, 3, 4]
+    );
     // Built-ins keep their names, qualified and bare.
-    assert_eq!(host.scheduling_policy("builtin:priority").unwrap().name(), "builtin:priority");
-    assert_eq!(host.scheduling_policy("fcfs").unwrap().name(), "builtin:fcfs");
+    assert_eq!(
+        host.scheduling_policy("builtin:priority").unwrap().name(),
+        "builtin:priority"
+    );
+    assert_eq!(
+        host.scheduling_policy("fcfs").unwrap().name(),
+        "builtin:fcfs"
+    );
 
-    let err = host.scheduling_policy("acme:nope").err().unwrap().to_string();
+    let err = host
+        .scheduling_policy("acme:nope")
+        .err()
+        .unwrap()
+        .to_string();
     assert!(
         err.contains("acme:nope")
-            && err.contains("builtin:fcfs, builtin:priority, engine:shortest-prompt-first, engine:fcfs"),
+            && err.contains(
+                "builtin:fcfs, builtin:priority, engine:shortest-prompt-first, engine:fcfs"
+            ),
         "{err}"
     );
 }
@@ -69,30 +101,62 @@ fn policies_resolve_by_qualified_name() {
 fn plugin_options_reach_init_and_bad_ones_are_refused() {
     let cache = tempfile::tempdir().unwrap();
     let mut c = config(vec![plugin("shortest_prompt_first")], cache.path());
-    c.options.insert("engine:shortest-prompt-first".into(), "max_wait_s = 2.5".parse().unwrap());
+    c.options.insert(
+        "engine:shortest-prompt-first".into(),
+        "max_wait_s = 2.5".parse().unwrap(),
+    );
     let host = host_from_config(&c).unwrap();
     // Requests 0 and 1 arrived more than 2.5 s before the newest (at 4 s):
     // starved, so first (shorter of them first), then the rest by length.
-    assert_eq!(order(&mut *host.scheduling_policy("engine:shortest-prompt-first").unwrap()), [1, 0, 3, 4, 2]);
+    assert_eq!(
+        order(
+            &mut *host
+                .scheduling_policy("engine:shortest-prompt-first")
+                .unwrap()
+        ),
+        [1, 0, 3, 4, 2]
+    );
 
-    c.options.insert("engine:shortest-prompt-first".into(), "max_wait = 1".parse().unwrap());
+    c.options.insert(
+        "engine:shortest-prompt-first".into(),
+        "max_wait = 1".parse().unwrap(),
+    );
     let host = host_from_config(&c).unwrap();
-    let err = host.scheduling_policy("engine:shortest-prompt-first").err().unwrap().to_string();
-    assert!(err.contains("engine:shortest-prompt-first") && err.contains("max_wait_s"), "{err}");
+    let err = host
+        .scheduling_policy("engine:shortest-prompt-first")
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("engine:shortest-prompt-first") && err.contains("max_wait_s"),
+        "{err}"
+    );
 
     c.options = BTreeMap::from([("acme:ghost".to_string(), toml::Table::new())]);
     let err = host_from_config(&c).unwrap_err().to_string();
-    assert!(err.contains("acme:ghost") && err.contains("engine:shortest-prompt-first"), "{err}");
+    assert!(
+        err.contains("acme:ghost") && err.contains("engine:shortest-prompt-first"),
+        "{err}"
+    );
 }
 
 #[test]
 fn wrong_kind_and_newer_wit_are_refused_with_both_sides_named() {
     let cache = tempfile::tempdir().unwrap();
     let host = host_from_config(&config(vec![plugin("logit_bias")], cache.path())).unwrap();
-    let err = host.scheduling_policy("engine:logit-bias").err().unwrap().to_string();
-    assert!(err.contains("is a logits processor, not a scheduling policy"), "{err}");
+    let err = host
+        .scheduling_policy("engine:logit-bias")
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("is a logits processor, not a scheduling policy"),
+        "{err}"
+    );
 
-    let err = host_from_config(&config(vec![plugin("future_wit")], cache.path())).unwrap_err().to_string();
+    let err = host_from_config(&config(vec![plugin("future_wit")], cache.path()))
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("future_wit.wasm")
             && err.contains("built against engine:plugins@0.2.0")
@@ -102,8 +166,13 @@ fn wrong_kind_and_newer_wit_are_refused_with_both_sides_named() {
 
     let not_wasm = cache.path().join("junk.wasm");
     std::fs::write(&not_wasm, b"not a component").unwrap();
-    let err = host_from_config(&config(vec![not_wasm], cache.path())).unwrap_err().to_string();
-    assert!(err.contains("junk.wasm") && err.contains("not a loadable WebAssembly component"), "{err}");
+    let err = host_from_config(&config(vec![not_wasm], cache.path()))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("junk.wasm") && err.contains("not a loadable WebAssembly component"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -111,7 +180,12 @@ fn compiled_components_are_cached_on_disk() {
     let cache = tempfile::tempdir().unwrap();
     let c = config(vec![plugin("fcfs")], cache.path());
     host_from_config(&c).unwrap();
-    let entries = || -> Vec<PathBuf> { std::fs::read_dir(cache.path()).unwrap().map(|e| e.unwrap().path()).collect() };
+    let entries = || -> Vec<PathBuf> {
+        std::fs::read_dir(cache.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect()
+    };
     let first = entries();
     assert_eq!(first.len(), 1, "one compiled entry: {first:?}");
     assert!(first[0].extension().is_some_and(|e| e == "cwasm"));
@@ -119,14 +193,26 @@ fn compiled_components_are_cached_on_disk() {
     // A second host loads the entry instead of writing it again.
     let host = host_from_config(&c).unwrap();
     assert_eq!(entries(), first);
-    assert_eq!(std::fs::metadata(&first[0]).unwrap().modified().unwrap(), written);
-    assert_eq!(order(&mut *host.scheduling_policy("engine:fcfs").unwrap()), [0, 1, 2, 3, 4]);
+    assert_eq!(
+        std::fs::metadata(&first[0]).unwrap().modified().unwrap(),
+        written
+    );
+    assert_eq!(
+        order(&mut *host.scheduling_policy("engine:fcfs").unwrap()),
+        [0, 1, 2, 3, 4]
+    );
     // A corrupt entry is recompiled, not trusted.
     drop(host);
     std::fs::write(&first[0], b"garbage").unwrap();
     let host = host_from_config(&c).unwrap();
-    assert_eq!(order(&mut *host.scheduling_policy("engine:fcfs").unwrap()), [0, 1, 2, 3, 4]);
-    assert!(std::fs::metadata(&first[0]).unwrap().len() > 1000, "the entry was rewritten");
+    assert_eq!(
+        order(&mut *host.scheduling_policy("engine:fcfs").unwrap()),
+        [0, 1, 2, 3, 4]
+    );
+    assert!(
+        std::fs::metadata(&first[0]).unwrap().len() > 1000,
+        "the entry was rewritten"
+    );
 }
 
 /// Loads the misbehaving policy in `mode`, calls it twice, and returns the
@@ -138,10 +224,21 @@ fn misbehave(mode: &str) -> (String, Duration) {
     let host: PluginHost = host_from_config(&c).unwrap();
     let mut policy = host.wasm_policy("test:misbehave").unwrap();
     let start = Instant::now();
-    assert_eq!(order(&mut policy), [0, 1, 2, 3, 4], "{mode}: FCFS for the faulting step");
-    let message = policy.last_fault().unwrap_or_else(|| panic!("{mode}: no fault recorded")).to_string();
+    assert_eq!(
+        order(&mut policy),
+        [0, 1, 2, 3, 4],
+        "{mode}: FCFS for the faulting step"
+    );
+    let message = policy
+        .last_fault()
+        .unwrap_or_else(|| panic!("{mode}: no fault recorded"))
+        .to_string();
     // The instance was recreated and is called again (and faults again).
-    assert_eq!(order(&mut policy), [0, 1, 2, 3, 4], "{mode}: still served after recreation");
+    assert_eq!(
+        order(&mut policy),
+        [0, 1, 2, 3, 4],
+        "{mode}: still served after recreation"
+    );
     assert_eq!(policy.faults(), 2, "{mode}");
     (message, start.elapsed())
 }
@@ -149,14 +246,20 @@ fn misbehave(mode: &str) -> (String, Duration) {
 #[test]
 fn a_panicking_plugin_is_contained() {
     let (msg, _) = misbehave("panic");
-    assert!(msg.contains("order-waiting") && msg.contains("usually a panic"), "{msg}");
+    assert!(
+        msg.contains("order-waiting") && msg.contains("usually a panic"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn an_endless_loop_is_interrupted_at_the_deadline() {
     let (msg, took) = misbehave("loop");
     assert!(msg.contains("exceeded its deadline of 20 ms"), "{msg}");
-    assert!(took < Duration::from_secs(2), "two interrupted calls took {took:?}");
+    assert!(
+        took < Duration::from_secs(2),
+        "two interrupted calls took {took:?}"
+    );
 }
 
 #[test]
@@ -168,7 +271,10 @@ fn a_memory_bomb_hits_the_limit() {
 #[test]
 fn invalid_answers_are_rejected() {
     let (msg, _) = misbehave("out-of-range");
-    assert!(msg.contains("position 10 is out of range (queue of 5)"), "{msg}");
+    assert!(
+        msg.contains("position 10 is out of range (queue of 5)"),
+        "{msg}"
+    );
     let (msg, _) = misbehave("duplicate");
     assert!(msg.contains("position 0 appears twice"), "{msg}");
 }
@@ -177,7 +283,10 @@ fn invalid_answers_are_rejected() {
 fn the_sandbox_grants_no_filesystem_network_or_environment() {
     for (mode, import) in [("read-file", "wasi:filesystem"), ("socket", "wasi:sockets")] {
         let (msg, _) = misbehave(mode);
-        assert!(msg.contains("does not grant") && msg.contains(import), "{mode}: {msg}");
+        assert!(
+            msg.contains("does not grant") && msg.contains(import),
+            "{mode}: {msg}"
+        );
     }
     // The environment is empty: HOME is unset, so the fixture answers with
     // position 5 + len(HOME) = 5, which is out of range.

@@ -25,9 +25,14 @@ use host::plugins::{host_from_config, runtime_from_config, PluginHost, Row};
 use host::scheduler::{builtin_policy, RunningView, SchedulingPolicy, WaitingView};
 
 fn plugin(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/target/wasm32-wasip2/release");
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/target/wasm32-wasip2/release");
     let path = dir.join(format!("{name}.wasm"));
-    assert!(path.is_file(), "{} is missing: run `cargo build --release --target wasm32-wasip2` in plugins/", path.display());
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo build --release --target wasm32-wasip2` in plugins/",
+        path.display()
+    );
     path
 }
 
@@ -46,10 +51,19 @@ fn bench_policy(c: &mut Criterion) {
     let mut group = c.benchmark_group("plugin_policy");
     let max = 1024u32;
     let ids: Vec<u32> = (0..=max).collect();
-    let lens: Vec<u32> = (0..=max).map(|i| 64 + (i.wrapping_mul(2_654_435_761) >> 7) % 512).collect();
-    let priorities: Vec<i32> = (0..=max).map(|i| (i.wrapping_mul(2_654_435_761) % 7) as i32).collect();
+    let lens: Vec<u32> = (0..=max)
+        .map(|i| 64 + (i.wrapping_mul(2_654_435_761) >> 7) % 512)
+        .collect();
+    let priorities: Vec<i32> = (0..=max)
+        .map(|i| (i.wrapping_mul(2_654_435_761) % 7) as i32)
+        .collect();
     let arrivals: Vec<f64> = (0..=max).map(f64::from).collect();
-    let names = ["builtin:fcfs", "builtin:priority", "engine:fcfs", "engine:shortest-prompt-first"];
+    let names = [
+        "builtin:fcfs",
+        "builtin:priority",
+        "engine:fcfs",
+        "engine:shortest-prompt-first",
+    ];
     for n in [256usize, 1024] {
         // Two queues shifted by one request, alternated, so no policy can
         // reuse its previous answer.
@@ -67,14 +81,17 @@ fn bench_policy(c: &mut Criterion) {
             };
             let mut order = Vec::with_capacity(n);
             let mut k = 0;
-            group.bench_function(BenchmarkId::new("order_waiting", format!("{name}/{n}")), |b| {
-                b.iter(|| {
-                    k ^= 1;
-                    order.clear();
-                    policy.order_waiting(black_box(&queues[k]), &mut order);
-                    black_box(order.len())
-                })
-            });
+            group.bench_function(
+                BenchmarkId::new("order_waiting", format!("{name}/{n}")),
+                |b| {
+                    b.iter(|| {
+                        k ^= 1;
+                        order.clear();
+                        policy.order_waiting(black_box(&queues[k]), &mut order);
+                        black_box(order.len())
+                    })
+                },
+            );
         }
     }
     let running = RunningView {
@@ -88,9 +105,10 @@ fn bench_policy(c: &mut Criterion) {
             Ok(p) => p,
             Err(_) => Box::new(host.wasm_policy(name).unwrap()),
         };
-        group.bench_function(BenchmarkId::new("pick_victim", format!("{name}/256")), |b| {
-            b.iter(|| black_box(policy.pick_victim(black_box(&running))))
-        });
+        group.bench_function(
+            BenchmarkId::new("pick_victim", format!("{name}/256")),
+            |b| b.iter(|| black_box(policy.pick_victim(black_box(&running)))),
+        );
     }
     group.finish();
 }
@@ -98,19 +116,30 @@ fn bench_policy(c: &mut Criterion) {
 fn bench_processor(c: &mut Criterion) {
     let cache = tempfile::tempdir().unwrap();
     let host = plugin_host(&["logit_bias"], cache.path());
-    let mut processors = host.logits_processors(&["engine:logit-bias".into()]).unwrap().unwrap();
+    let mut processors = host
+        .logits_processors(&["engine:logit-bias".into()])
+        .unwrap()
+        .unwrap();
     let (batch, vocab) = (64usize, 49152usize);
     for i in 0..batch as u32 {
         let args = serde_json::json!({"banned_token_ids": [i, i + 100], "logit_bias": {(i + 200).to_string(): 1.5}});
         processors.add(i, Some(&args));
     }
-    let rows: Vec<Row> =
-        (0..batch).map(|i| Row { id: i as u32, num_output_tokens: 3, last_token: 42, logits_row: i }).collect();
+    let rows: Vec<Row> = (0..batch)
+        .map(|i| Row {
+            id: i as u32,
+            num_output_tokens: 3,
+            last_token: 42,
+            logits_row: i,
+        })
+        .collect();
     let mut logits = vec![0.0f32; batch * vocab];
     let mut group = c.benchmark_group("plugin_processor");
     group.bench_function(BenchmarkId::new("process", batch), |b| {
         b.iter(|| {
-            processors.apply(black_box(&rows), &mut logits, vocab).unwrap();
+            processors
+                .apply(black_box(&rows), &mut logits, vocab)
+                .unwrap();
             black_box(logits[0])
         })
     });
@@ -119,16 +148,26 @@ fn bench_processor(c: &mut Criterion) {
 
 fn bench_load(c: &mut Criterion) {
     let bytes = std::fs::read(plugin("shortest_prompt_first")).unwrap();
-    let uncached = runtime_from_config(&PluginsConfig { cache: false, ..PluginsConfig::default() }).unwrap();
+    let uncached = runtime_from_config(&PluginsConfig {
+        cache: false,
+        ..PluginsConfig::default()
+    })
+    .unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let cached: Arc<_> =
-        runtime_from_config(&PluginsConfig { cache_dir: Some(cache.path().to_path_buf()), ..PluginsConfig::default() })
-            .unwrap();
+    let cached: Arc<_> = runtime_from_config(&PluginsConfig {
+        cache_dir: Some(cache.path().to_path_buf()),
+        ..PluginsConfig::default()
+    })
+    .unwrap();
     cached.load_component(&bytes).unwrap();
     let mut group = c.benchmark_group("plugin_load");
     group.sample_size(10);
-    group.bench_function("compile", |b| b.iter(|| uncached.load_component(black_box(&bytes)).unwrap()));
-    group.bench_function("cached", |b| b.iter(|| cached.load_component(black_box(&bytes)).unwrap()));
+    group.bench_function("compile", |b| {
+        b.iter(|| uncached.load_component(black_box(&bytes)).unwrap())
+    });
+    group.bench_function("cached", |b| {
+        b.iter(|| cached.load_component(black_box(&bytes)).unwrap())
+    });
     group.finish();
 }
 

@@ -63,7 +63,11 @@ pub struct Metadata {
 impl Metadata {
     /// Metadata with no options.
     pub fn new(name: &str, version: &str) -> Metadata {
-        Metadata { name: name.to_string(), version: version.to_string(), options: Vec::new() }
+        Metadata {
+            name: name.to_string(),
+            version: version.to_string(),
+            options: Vec::new(),
+        }
     }
 
     /// Adds an option (builder style).

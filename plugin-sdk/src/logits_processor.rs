@@ -13,8 +13,8 @@ pub mod bindings {
     });
 }
 
-use bindings::exports::engine::plugins::logits_processor as wit;
 pub use crate::{Metadata, OptionSpec};
+use bindings::exports::engine::plugins::logits_processor as wit;
 
 /// One step's rows as parallel columns, plus the requests that entered
 /// (with their `extra_args` JSON) and left the batch since the last call.

@@ -13,8 +13,8 @@ pub mod bindings {
     });
 }
 
-use bindings::exports::engine::plugins::scheduling_policy as wit;
 pub use crate::{Metadata, OptionSpec};
+use bindings::exports::engine::plugins::scheduling_policy as wit;
 
 /// The waiting queue as parallel columns, in arrival order (preempted
 /// requests first): position `i` of every list is the same request.

@@ -51,9 +51,16 @@ fn describe(p: &PluginInfo) -> String {
     for e in &p.exports {
         out.push_str(&format!("  {e}\n"));
     }
-    out.push_str(if p.options.is_empty() { "options: none\n" } else { "options:\n" });
+    out.push_str(if p.options.is_empty() {
+        "options: none\n"
+    } else {
+        "options:\n"
+    });
     for o in &p.options {
-        out.push_str(&format!("  {} (default {}): {}\n", o.name, o.default_json, o.description));
+        out.push_str(&format!(
+            "  {} (default {}): {}\n",
+            o.name, o.default_json, o.description
+        ));
     }
     out
 }

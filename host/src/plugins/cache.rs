@@ -30,7 +30,11 @@ pub(super) fn entry_path(engine: &Engine, dir: &Path, bytes: &[u8]) -> PathBuf {
 /// Loads the compiled form of `bytes` from `dir`, or compiles it and stores
 /// it there. Cache write failures are logged, never fatal: the cache only
 /// saves time.
-pub(super) fn load_or_compile(engine: &Engine, dir: Option<&Path>, bytes: &[u8]) -> wasmtime::Result<Component> {
+pub(super) fn load_or_compile(
+    engine: &Engine,
+    dir: Option<&Path>,
+    bytes: &[u8],
+) -> wasmtime::Result<Component> {
     let Some(dir) = dir else {
         return Component::new(engine, bytes);
     };
@@ -44,7 +48,10 @@ pub(super) fn load_or_compile(engine: &Engine, dir: Option<&Path>, bytes: &[u8])
         // header and rejects anything else.
         match unsafe { Component::deserialize(engine, &compiled) } {
             Ok(component) => return Ok(component),
-            Err(e) => tracing::warn!("plugin cache entry {} is unusable ({e}); recompiling", entry.display()),
+            Err(e) => tracing::warn!(
+                "plugin cache entry {} is unusable ({e}); recompiling",
+                entry.display()
+            ),
         }
     }
     let component = Component::new(engine, bytes)?;

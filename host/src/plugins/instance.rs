@@ -25,7 +25,11 @@ pub trait World: Sized + Send + 'static {
     /// A new instance in `store`.
     fn instantiate(pre: &Self::Pre, store: &mut Store<StoreState>) -> wasmtime::Result<Self>;
     /// Calls `init(options)`.
-    fn init(&self, store: &mut Store<StoreState>, options: &str) -> wasmtime::Result<Result<(), String>>;
+    fn init(
+        &self,
+        store: &mut Store<StoreState>,
+        options: &str,
+    ) -> wasmtime::Result<Result<(), String>>;
 }
 
 impl World for bindings::policy::SchedulingPolicyPlugin {
@@ -36,8 +40,13 @@ impl World for bindings::policy::SchedulingPolicyPlugin {
     fn instantiate(pre: &Self::Pre, store: &mut Store<StoreState>) -> wasmtime::Result<Self> {
         pre.instantiate(store)
     }
-    fn init(&self, store: &mut Store<StoreState>, options: &str) -> wasmtime::Result<Result<(), String>> {
-        self.engine_plugins_scheduling_policy().call_init(store, options)
+    fn init(
+        &self,
+        store: &mut Store<StoreState>,
+        options: &str,
+    ) -> wasmtime::Result<Result<(), String>> {
+        self.engine_plugins_scheduling_policy()
+            .call_init(store, options)
     }
 }
 
@@ -49,8 +58,13 @@ impl World for bindings::processor::LogitsProcessorPlugin {
     fn instantiate(pre: &Self::Pre, store: &mut Store<StoreState>) -> wasmtime::Result<Self> {
         pre.instantiate(store)
     }
-    fn init(&self, store: &mut Store<StoreState>, options: &str) -> wasmtime::Result<Result<(), String>> {
-        self.engine_plugins_logits_processor().call_init(store, options)
+    fn init(
+        &self,
+        store: &mut Store<StoreState>,
+        options: &str,
+    ) -> wasmtime::Result<Result<(), String>> {
+        self.engine_plugins_logits_processor()
+            .call_init(store, options)
     }
 }
 
@@ -68,8 +82,21 @@ pub struct Sandboxed<W: World> {
 
 impl<W: World> Sandboxed<W> {
     /// Instantiates and initialises the plugin `name` with `options`.
-    pub fn new(name: &str, options: &str, runtime: Arc<PluginRuntime>, pre: Arc<W::Pre>) -> Result<Self, PluginError> {
-        let mut s = Sandboxed { name: name.to_string(), options: options.to_string(), runtime, pre, live: None, faults: 0, last_fault: None };
+    pub fn new(
+        name: &str,
+        options: &str,
+        runtime: Arc<PluginRuntime>,
+        pre: Arc<W::Pre>,
+    ) -> Result<Self, PluginError> {
+        let mut s = Sandboxed {
+            name: name.to_string(),
+            options: options.to_string(),
+            runtime,
+            pre,
+            live: None,
+            faults: 0,
+            last_fault: None,
+        };
         s.live = Some(s.start()?);
         Ok(s)
     }
@@ -90,7 +117,11 @@ impl<W: World> Sandboxed<W> {
     }
 
     fn start(&self) -> Result<(Store<StoreState>, W), PluginError> {
-        let fault = |call, message| PluginError::Fault { name: self.name.clone(), call, message };
+        let fault = |call, message| PluginError::Fault {
+            name: self.name.clone(),
+            call,
+            message,
+        };
         let rt = &self.runtime;
         let mut store = rt.new_store();
         let deadline = rt.limits().init_deadline;
@@ -100,7 +131,11 @@ impl<W: World> Sandboxed<W> {
         let init = rt
             .call(&mut store, deadline, |s| world.init(s, &self.options))
             .map_err(|e| fault("init", describe_fault(&e, rt.limits(), deadline)))?;
-        init.map_err(|message| PluginError::Init { name: self.name.clone(), options: self.options.clone(), message })?;
+        init.map_err(|message| PluginError::Init {
+            name: self.name.clone(),
+            options: self.options.clone(),
+            message,
+        })?;
         Ok((store, world))
     }
 
@@ -138,8 +173,14 @@ impl<W: World> Sandboxed<W> {
         self.live = None;
         match self.start() {
             Ok(live) => self.live = Some(live),
-            Err(e) => tracing::error!(plugin = %self.name, "cannot recreate the instance ({e}); the plugin stays down"),
+            Err(e) => {
+                tracing::error!(plugin = %self.name, "cannot recreate the instance ({e}); the plugin stays down")
+            }
         }
-        PluginError::Fault { name: self.name.clone(), call, message }
+        PluginError::Fault {
+            name: self.name.clone(),
+            call,
+            message,
+        }
     }
 }

@@ -71,7 +71,9 @@ impl std::str::FromStr for OnError {
         match s {
             "fallback" => Ok(OnError::Fallback),
             "fail" => Ok(OnError::Fail),
-            _ => Err(PluginError::Config(format!("on_error = {s:?}; use \"fallback\" or \"fail\""))),
+            _ => Err(PluginError::Config(format!(
+                "on_error = {s:?}; use \"fallback\" or \"fail\""
+            ))),
         }
     }
 }
@@ -94,13 +96,16 @@ pub fn cache_dir(config: &PluginsConfig) -> Option<PathBuf> {
 /// The runtime the `[plugins]` settings describe.
 pub fn runtime_from_config(config: &PluginsConfig) -> Result<Arc<PluginRuntime>, PluginError> {
     if config.deadline_ms == 0 || config.memory_limit_mib == 0 {
-        return Err(PluginError::Config("deadline_ms and memory_limit_mib must be at least 1".into()));
+        return Err(PluginError::Config(
+            "deadline_ms and memory_limit_mib must be at least 1".into(),
+        ));
     }
     let limits = Limits {
         deadline: Duration::from_millis(config.deadline_ms),
         init_deadline: Duration::from_millis(config.init_deadline_ms.max(config.deadline_ms)),
-        memory_bytes: usize::try_from(config.memory_limit_mib << 20)
-            .map_err(|_| PluginError::Config("memory_limit_mib does not fit this machine".into()))?,
+        memory_bytes: usize::try_from(config.memory_limit_mib << 20).map_err(|_| {
+            PluginError::Config("memory_limit_mib does not fit this machine".into())
+        })?,
     };
     PluginRuntime::new(limits, cache_dir(config))
         .map(Arc::new)
@@ -112,9 +117,18 @@ pub fn host_from_config(config: &PluginsConfig) -> Result<PluginHost, PluginErro
     let on_error: OnError = config.on_error.parse()?;
     let mut options = std::collections::BTreeMap::new();
     for (name, table) in &config.options {
-        let json = serde_json::to_string(table)
-            .map_err(|e| PluginError::Config(format!("options for {name:?} cannot be expressed as JSON: {e}")))?;
+        let json = serde_json::to_string(table).map_err(|e| {
+            PluginError::Config(format!(
+                "options for {name:?} cannot be expressed as JSON: {e}"
+            ))
+        })?;
         options.insert(name.clone(), json);
     }
-    PluginHost::load(runtime_from_config(config)?, &config.paths, &config.dirs, options, on_error)
+    PluginHost::load(
+        runtime_from_config(config)?,
+        &config.paths,
+        &config.dirs,
+        options,
+        on_error,
+    )
 }

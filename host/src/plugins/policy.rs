@@ -22,7 +22,12 @@ impl WasmPolicy {
     pub(super) fn new(plugin: Sandboxed<SchedulingPolicyPlugin>) -> WasmPolicy {
         WasmPolicy {
             plugin,
-            waiting: WaitingQueue { ids: Vec::new(), prompt_lens: Vec::new(), priorities: Vec::new(), arrival_times: Vec::new() },
+            waiting: WaitingQueue {
+                ids: Vec::new(),
+                prompt_lens: Vec::new(),
+                priorities: Vec::new(),
+                arrival_times: Vec::new(),
+            },
             running: RunningBatch {
                 ids: Vec::new(),
                 priorities: Vec::new(),
@@ -61,7 +66,10 @@ impl SchedulingPolicy for WasmPolicy {
         refill(&mut q.priorities, view.priorities);
         refill(&mut q.arrival_times, view.arrival_times);
         let q = &self.waiting;
-        let answer = self.plugin.call("order-waiting", |w, s| w.engine_plugins_scheduling_policy().call_order_waiting(s, q));
+        let answer = self.plugin.call("order-waiting", |w, s| {
+            w.engine_plugins_scheduling_policy()
+                .call_order_waiting(s, q)
+        });
         let order = match answer {
             Ok(order) => order,
             Err(_) => {
@@ -72,9 +80,15 @@ impl SchedulingPolicy for WasmPolicy {
         let n = view.len();
         self.seen.clear();
         self.seen.resize(n, false);
-        let bad = order.iter().find(|&&p| (p as usize) >= n || std::mem::replace(&mut self.seen[p as usize], true));
+        let bad = order
+            .iter()
+            .find(|&&p| (p as usize) >= n || std::mem::replace(&mut self.seen[p as usize], true));
         if let Some(&p) = bad {
-            let why = if (p as usize) >= n { "is out of range" } else { "appears twice" };
+            let why = if (p as usize) >= n {
+                "is out of range"
+            } else {
+                "appears twice"
+            };
             self.plugin.fault("order-waiting", format!("returned an invalid order: position {p} {why} (queue of {n}); using FCFS for this step"));
             out.extend(0..n as u32);
             return;
@@ -89,7 +103,9 @@ impl SchedulingPolicy for WasmPolicy {
         refill(&mut r.arrival_times, view.arrival_times);
         refill(&mut r.num_computed_tokens, view.num_computed_tokens);
         let r = &self.running;
-        match self.plugin.call("pick-victim", |w, s| w.engine_plugins_scheduling_policy().call_pick_victim(s, r)) {
+        match self.plugin.call("pick-victim", |w, s| {
+            w.engine_plugins_scheduling_policy().call_pick_victim(s, r)
+        }) {
             Ok(Some(p)) if (p as usize) < view.len() => Some(p),
             Ok(Some(p)) => {
                 let n = view.len();

@@ -51,7 +51,10 @@ pub struct LogitsProcessors {
 impl std::fmt::Debug for LogitsProcessors {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let names: Vec<&str> = self.processors.iter().map(|p| p.plugin.name()).collect();
-        f.debug_struct("LogitsProcessors").field("names", &names).field("on_error", &self.on_error).finish()
+        f.debug_struct("LogitsProcessors")
+            .field("names", &names)
+            .field("on_error", &self.on_error)
+            .finish()
     }
 }
 
@@ -68,9 +71,23 @@ fn empty_batch() -> Batch {
 }
 
 impl LogitsProcessors {
-    pub(super) fn new(plugins: Vec<Sandboxed<LogitsProcessorPlugin>>, on_error: OnError) -> LogitsProcessors {
-        let processors = plugins.into_iter().map(|plugin| Processor { plugin, faults_seen: 0, batch: empty_batch() }).collect();
-        LogitsProcessors { processors, on_error, live: BTreeMap::new() }
+    pub(super) fn new(
+        plugins: Vec<Sandboxed<LogitsProcessorPlugin>>,
+        on_error: OnError,
+    ) -> LogitsProcessors {
+        let processors = plugins
+            .into_iter()
+            .map(|plugin| Processor {
+                plugin,
+                faults_seen: 0,
+                batch: empty_batch(),
+            })
+            .collect();
+        LogitsProcessors {
+            processors,
+            on_error,
+            live: BTreeMap::new(),
+        }
     }
 
     /// The plugins' qualified names, in application order.
@@ -99,7 +116,12 @@ impl LogitsProcessors {
 
     /// Asks every processor for its edits to `rows` and applies them to
     /// `logits` (`[rows, vocab]`, row-major).
-    pub fn apply(&mut self, rows: &[Row], logits: &mut [f32], vocab: usize) -> Result<(), PluginError> {
+    pub fn apply(
+        &mut self,
+        rows: &[Row],
+        logits: &mut [f32],
+        vocab: usize,
+    ) -> Result<(), PluginError> {
         for p in &mut self.processors {
             if p.plugin.faults() != p.faults_seen {
                 // A recreated instance knows nothing: announce every live request.
@@ -113,11 +135,14 @@ impl LogitsProcessors {
             b.num_output_tokens.clear();
             b.last_tokens.clear();
             b.ids.extend(rows.iter().map(|r| r.id));
-            b.num_output_tokens.extend(rows.iter().map(|r| r.num_output_tokens));
+            b.num_output_tokens
+                .extend(rows.iter().map(|r| r.num_output_tokens));
             b.last_tokens.extend(rows.iter().map(|r| r.last_token));
             b.vocab_size = vocab as u32;
             let batch = &p.batch;
-            let answer = p.plugin.call("process", |w, s| w.engine_plugins_logits_processor().call_process(s, batch));
+            let answer = p.plugin.call("process", |w, s| {
+                w.engine_plugins_logits_processor().call_process(s, batch)
+            });
             p.batch.added_ids.clear();
             p.batch.added_extra_args.clear();
             p.batch.removed_ids.clear();
@@ -127,15 +152,21 @@ impl LogitsProcessors {
                         apply_edits(&edits, rows, logits, vocab);
                         Ok(())
                     }
-                    Err(why) => Err(p.plugin.fault("process", format!("returned invalid edits: {why}"))),
+                    Err(why) => Err(p
+                        .plugin
+                        .fault("process", format!("returned invalid edits: {why}"))),
                 },
-                Ok(Err(message)) => Err(p.plugin.fault("process", format!("returned an error: {message}"))),
+                Ok(Err(message)) => Err(p
+                    .plugin
+                    .fault("process", format!("returned an error: {message}"))),
                 Err(e) => Err(e),
             };
             if let Err(e) = result {
                 match self.on_error {
                     OnError::Fail => return Err(e),
-                    OnError::Fallback => tracing::warn!("{e}; sampling this step without its edits"),
+                    OnError::Fallback => {
+                        tracing::warn!("{e}; sampling this step without its edits")
+                    }
                 }
             }
         }
@@ -146,7 +177,11 @@ impl LogitsProcessors {
 /// Checks every edit before any is applied.
 fn validate(e: &LogitEdits, rows: usize, vocab: usize) -> Result<(), String> {
     if e.ban_rows.len() != e.ban_tokens.len() {
-        return Err(format!("{} ban rows but {} ban tokens", e.ban_rows.len(), e.ban_tokens.len()));
+        return Err(format!(
+            "{} ban rows but {} ban tokens",
+            e.ban_rows.len(),
+            e.ban_tokens.len()
+        ));
     }
     if e.bias_rows.len() != e.bias_tokens.len() || e.bias_rows.len() != e.bias_values.len() {
         return Err("bias-rows, bias-tokens and bias-values differ in length".into());
@@ -157,7 +192,9 @@ fn validate(e: &LogitEdits, rows: usize, vocab: usize) -> Result<(), String> {
     }
     let all_tokens = e.ban_tokens.iter().chain(&e.bias_tokens);
     if let Some(t) = all_tokens.copied().find(|&t| t as usize >= vocab) {
-        return Err(format!("token id {t} is not below the vocabulary size {vocab}"));
+        return Err(format!(
+            "token id {t} is not below the vocabulary size {vocab}"
+        ));
     }
     if let Some(v) = e.bias_values.iter().find(|v| !v.is_finite()) {
         return Err(format!("bias {v} is not finite (ban the token instead)"));
@@ -190,7 +227,12 @@ mod tests {
 
     #[test]
     fn edits_land_on_the_rows_logits_row() {
-        let rows = [Row { id: 9, num_output_tokens: 0, last_token: 0, logits_row: 2 }];
+        let rows = [Row {
+            id: 9,
+            num_output_tokens: 0,
+            last_token: 0,
+            logits_row: 2,
+        }];
         let mut logits = vec![0.0f32; 3 * 4];
         let e = edits(&[(0, 1)], &[(0, 3, 2.5)]);
         validate(&e, 1, 4).unwrap();
@@ -201,9 +243,15 @@ mod tests {
 
     #[test]
     fn invalid_edits_are_named() {
-        assert!(validate(&edits(&[(1, 0)], &[]), 1, 4).unwrap_err().contains("row 1"));
-        assert!(validate(&edits(&[(0, 4)], &[]), 1, 4).unwrap_err().contains("token id 4"));
-        assert!(validate(&edits(&[], &[(0, 1, f32::NAN)]), 1, 4).unwrap_err().contains("not finite"));
+        assert!(validate(&edits(&[(1, 0)], &[]), 1, 4)
+            .unwrap_err()
+            .contains("row 1"));
+        assert!(validate(&edits(&[(0, 4)], &[]), 1, 4)
+            .unwrap_err()
+            .contains("token id 4"));
+        assert!(validate(&edits(&[], &[(0, 1, f32::NAN)]), 1, 4)
+            .unwrap_err()
+            .contains("not finite"));
         let mut e = edits(&[(0, 1)], &[]);
         e.ban_tokens.push(2);
         assert!(validate(&e, 1, 4).is_err());

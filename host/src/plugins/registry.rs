@@ -73,7 +73,9 @@ pub struct PluginHost {
 
 impl std::fmt::Debug for PluginHost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PluginHost").field("plugins", &self.plugins().collect::<Vec<_>>()).finish()
+        f.debug_struct("PluginHost")
+            .field("plugins", &self.plugins().collect::<Vec<_>>())
+            .finish()
     }
 }
 
@@ -92,7 +94,11 @@ fn version_supported(version: &str) -> bool {
 /// A qualified name: `namespace:name`, each part non-empty lowercase
 /// letters, digits and `-`.
 pub fn is_qualified_name(name: &str) -> bool {
-    let part = |p: &str| !p.is_empty() && p.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    let part = |p: &str| {
+        !p.is_empty()
+            && p.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    };
     matches!(name.split_once(':'), Some((ns, n)) if part(ns) && part(n))
 }
 
@@ -107,7 +113,11 @@ macro_rules! read_metadata {
         let options = m
             .options
             .into_iter()
-            .map(|o| OptionInfo { name: o.name, description: o.description, default_json: o.default_json })
+            .map(|o| OptionInfo {
+                name: o.name,
+                description: o.description,
+                default_json: o.default_json,
+            })
             .collect::<Vec<_>>();
         (m.name, m.version, kind, options)
     }};
@@ -124,7 +134,10 @@ impl PluginHost {
     ) -> Result<PluginHost, PluginError> {
         let mut files = paths.to_vec();
         for dir in dirs {
-            let entries = std::fs::read_dir(dir).map_err(|source| PluginError::Io { path: dir.clone(), source })?;
+            let entries = std::fs::read_dir(dir).map_err(|source| PluginError::Io {
+                path: dir.clone(),
+                source,
+            })?;
             let mut found: Vec<PathBuf> = entries
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| p.extension().is_some_and(|x| x == "wasm"))
@@ -132,14 +145,23 @@ impl PluginHost {
             found.sort();
             files.extend(found);
         }
-        let mut host = PluginHost { runtime, known: Vec::new(), options, on_error };
+        let mut host = PluginHost {
+            runtime,
+            known: Vec::new(),
+            options,
+            on_error,
+        };
         for path in files {
             let (info, linked) = host.link(&path)?;
             if let Some((first, _)) = host.known.iter().find(|(k, _)| k.name == info.name) {
                 if first.path == info.path {
                     continue;
                 }
-                return Err(PluginError::Duplicate { name: info.name, first: first.path.clone(), second: path });
+                return Err(PluginError::Duplicate {
+                    name: info.name,
+                    first: first.path.clone(),
+                    second: path,
+                });
             }
             host.known.push((info, linked));
         }
@@ -156,7 +178,12 @@ impl PluginHost {
 
     /// Reads one component's metadata without keeping it (`host plugin inspect`).
     pub fn inspect(runtime: Arc<PluginRuntime>, path: &Path) -> Result<PluginInfo, PluginError> {
-        let host = PluginHost { runtime, known: Vec::new(), options: Default::default(), on_error: OnError::Fallback };
+        let host = PluginHost {
+            runtime,
+            known: Vec::new(),
+            options: Default::default(),
+            on_error: OnError::Fallback,
+        };
         Ok(host.link(path)?.0)
     }
 
@@ -171,51 +198,91 @@ impl PluginHost {
     }
 
     fn link(&self, path: &Path) -> Result<(PluginInfo, Linked), PluginError> {
-        let bytes = std::fs::read(path).map_err(|source| PluginError::Io { path: path.to_path_buf(), source })?;
-        let compile = |e: wasmtime::Error| PluginError::Compile { path: path.to_path_buf(), message: format!("{e:#}") };
+        let bytes = std::fs::read(path).map_err(|source| PluginError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let compile = |e: wasmtime::Error| PluginError::Compile {
+            path: path.to_path_buf(),
+            message: format!("{e:#}"),
+        };
         let component = self.runtime.load_component(&bytes).map_err(compile)?;
         let (exports, kind, wit_version) = self.check_exports(path, &component)?;
         let pre = self.runtime.instance_pre(&component).map_err(compile)?;
-        let bad = |message: String| PluginError::BadMetadata { path: path.to_path_buf(), message };
+        let bad = |message: String| PluginError::BadMetadata {
+            path: path.to_path_buf(),
+            message,
+        };
         let rt = &self.runtime;
         let deadline = rt.limits().init_deadline;
         let mut store = rt.new_store();
-        let fault = |e: wasmtime::Error| bad(format!("metadata() failed: {}", describe_fault(&e, rt.limits(), deadline)));
+        let fault = |e: wasmtime::Error| {
+            bad(format!(
+                "metadata() failed: {}",
+                describe_fault(&e, rt.limits(), deadline)
+            ))
+        };
         let (meta, linked) = match kind {
             PluginKind::SchedulingPolicy => {
                 let pre = policy::SchedulingPolicyPlugin::pre(pre).map_err(compile)?;
                 let m = rt
                     .call(&mut store, deadline, |s| {
-                        <policy::SchedulingPolicyPlugin as World>::instantiate(&pre, s)?.engine_plugins_scheduling_policy().call_metadata(s)
+                        <policy::SchedulingPolicyPlugin as World>::instantiate(&pre, s)?
+                            .engine_plugins_scheduling_policy()
+                            .call_metadata(s)
                     })
                     .map_err(fault)?;
-                (read_metadata!(path, m, policy::engine::plugins::types), Linked::Policy(Arc::new(pre)))
+                (
+                    read_metadata!(path, m, policy::engine::plugins::types),
+                    Linked::Policy(Arc::new(pre)),
+                )
             }
             PluginKind::LogitsProcessor => {
                 let pre = processor::LogitsProcessorPlugin::pre(pre).map_err(compile)?;
                 let m = rt
                     .call(&mut store, deadline, |s| {
-                        <processor::LogitsProcessorPlugin as World>::instantiate(&pre, s)?.engine_plugins_logits_processor().call_metadata(s)
+                        <processor::LogitsProcessorPlugin as World>::instantiate(&pre, s)?
+                            .engine_plugins_logits_processor()
+                            .call_metadata(s)
                     })
                     .map_err(fault)?;
-                (read_metadata!(path, m, processor::engine::plugins::types), Linked::Processor(Arc::new(pre)))
+                (
+                    read_metadata!(path, m, processor::engine::plugins::types),
+                    Linked::Processor(Arc::new(pre)),
+                )
             }
         };
         let (name, version, declared, options) = meta;
         if !is_qualified_name(&name) {
-            return Err(bad(format!("name {name:?} is not `namespace:name` (lowercase letters, digits, `-`)")));
+            return Err(bad(format!(
+                "name {name:?} is not `namespace:name` (lowercase letters, digits, `-`)"
+            )));
         }
         if declared != kind {
-            return Err(bad(format!("declares itself a {declared} but exports the {kind} interface")));
+            return Err(bad(format!(
+                "declares itself a {declared} but exports the {kind} interface"
+            )));
         }
-        let info = PluginInfo { path: path.to_path_buf(), name, version, kind, wit_version, exports, options };
+        let info = PluginInfo {
+            path: path.to_path_buf(),
+            name,
+            version,
+            kind,
+            wit_version,
+            exports,
+            options,
+        };
         Ok((info, linked))
     }
 
     /// The exported interface names, the kind they make the plugin, and the
     /// WIT version; refuses other packages and versions with what the
     /// plugin was built against.
-    fn check_exports(&self, path: &Path, component: &Component) -> Result<(Vec<String>, PluginKind, String), PluginError> {
+    fn check_exports(
+        &self,
+        path: &Path,
+        component: &Component,
+    ) -> Result<(Vec<String>, PluginKind, String), PluginError> {
         let ty = component.component_type();
         let exports: Vec<String> = ty
             .exports(self.runtime.engine())
@@ -223,8 +290,12 @@ impl PluginHost {
             .map(|(name, _)| name.to_string())
             .collect();
         let ours: Vec<(&str, &str)> = exports.iter().filter_map(|e| split_export(e)).collect();
-        let Some((interface, version)) = ours.first().map(|&(i, v)| (i.to_string(), v.to_string())) else {
-            return Err(PluginError::NotAPlugin { path: path.to_path_buf(), exports: exports.join(", ") });
+        let Some((interface, version)) = ours.first().map(|&(i, v)| (i.to_string(), v.to_string()))
+        else {
+            return Err(PluginError::NotAPlugin {
+                path: path.to_path_buf(),
+                exports: exports.join(", "),
+            });
         };
         drop(ours);
         if !version_supported(&version) {
@@ -253,7 +324,10 @@ impl PluginHost {
             Some(PluginKind::SchedulingPolicy) | None => BUILTIN_POLICIES.to_vec(),
             Some(PluginKind::LogitsProcessor) => Vec::new(),
         };
-        let plugins = self.plugins().filter(|p| kind.is_none_or(|k| p.kind == k)).map(|p| p.name.as_str());
+        let plugins = self
+            .plugins()
+            .filter(|p| kind.is_none_or(|k| p.kind == k))
+            .map(|p| p.name.as_str());
         let all: Vec<&str> = builtins.into_iter().chain(plugins).collect();
         if all.is_empty() {
             "none (make plugins known with --plugin FILE.wasm or plugins.dirs)".into()
@@ -262,14 +336,29 @@ impl PluginHost {
         }
     }
 
-    fn find(&self, key: &'static str, name: &str, wanted: PluginKind) -> Result<&(PluginInfo, Linked), PluginError> {
+    fn find(
+        &self,
+        key: &'static str,
+        name: &str,
+        wanted: PluginKind,
+    ) -> Result<&(PluginInfo, Linked), PluginError> {
         let found = self.known.iter().find(|(info, _)| info.name == name);
         let Some(entry) = found else {
-            return Err(PluginError::Unknown { name: name.to_string(), kind: wanted, available: self.names(Some(wanted)) });
+            return Err(PluginError::Unknown {
+                name: name.to_string(),
+                kind: wanted,
+                available: self.names(Some(wanted)),
+            });
         };
         if entry.0.kind != wanted {
             let info = &entry.0;
-            return Err(PluginError::WrongKind { key, name: name.to_string(), path: info.path.clone(), found: info.kind, wanted });
+            return Err(PluginError::WrongKind {
+                key,
+                name: name.to_string(),
+                path: info.path.clone(),
+                found: info.kind,
+                wanted,
+            });
         }
         Ok(entry)
     }
@@ -292,22 +381,43 @@ impl PluginHost {
     /// (fault counters for tests and benchmarks).
     pub fn wasm_policy(&self, name: &str) -> Result<WasmPolicy, PluginError> {
         let (info, linked) = self.find("scheduler.policy", name, PluginKind::SchedulingPolicy)?;
-        let Linked::Policy(pre) = linked else { unreachable!("find checked the kind") };
-        let plugin = Sandboxed::new(&info.name, self.options_of(name), self.runtime.clone(), pre.clone())?;
+        let Linked::Policy(pre) = linked else {
+            unreachable!("find checked the kind")
+        };
+        let plugin = Sandboxed::new(
+            &info.name,
+            self.options_of(name),
+            self.runtime.clone(),
+            pre.clone(),
+        )?;
         Ok(WasmPolicy::new(plugin))
     }
 
     /// The logits processors named in `names`, in order; `None` when the
     /// list is empty.
-    pub fn logits_processors(&self, names: &[String]) -> Result<Option<LogitsProcessors>, PluginError> {
+    pub fn logits_processors(
+        &self,
+        names: &[String],
+    ) -> Result<Option<LogitsProcessors>, PluginError> {
         if names.is_empty() {
             return Ok(None);
         }
         let mut plugins = Vec::new();
         for name in names {
-            let (info, linked) = self.find("plugins.logits_processors", name, PluginKind::LogitsProcessor)?;
-            let Linked::Processor(pre) = linked else { unreachable!("find checked the kind") };
-            plugins.push(Sandboxed::new(&info.name, self.options_of(name), self.runtime.clone(), pre.clone())?);
+            let (info, linked) = self.find(
+                "plugins.logits_processors",
+                name,
+                PluginKind::LogitsProcessor,
+            )?;
+            let Linked::Processor(pre) = linked else {
+                unreachable!("find checked the kind")
+            };
+            plugins.push(Sandboxed::new(
+                &info.name,
+                self.options_of(name),
+                self.runtime.clone(),
+                pre.clone(),
+            )?);
         }
         Ok(Some(LogitsProcessors::new(plugins, self.on_error)))
     }
@@ -319,10 +429,17 @@ mod tests {
 
     #[test]
     fn export_names_and_versions() {
-        assert_eq!(split_export("engine:plugins/scheduling-policy@0.1.0"), Some(("scheduling-policy", "0.1.0")));
+        assert_eq!(
+            split_export("engine:plugins/scheduling-policy@0.1.0"),
+            Some(("scheduling-policy", "0.1.0"))
+        );
         assert_eq!(split_export("wasi:cli/run@0.2.0"), None);
         assert!(version_supported("0.1.0") && version_supported("0.1.7"));
-        assert!(!version_supported("0.2.0") && !version_supported("1.1.0") && !version_supported("0.10.0"));
+        assert!(
+            !version_supported("0.2.0")
+                && !version_supported("1.1.0")
+                && !version_supported("0.10.0")
+        );
     }
 
     #[test]

@@ -51,15 +51,20 @@ impl Ticker {
     fn start(engine: Engine) -> std::io::Result<Ticker> {
         let in_flight = Arc::new(AtomicUsize::new(0));
         let busy = in_flight.clone();
-        let handle = std::thread::Builder::new().name("plugin-epoch".into()).spawn(move || loop {
-            if busy.load(Ordering::Acquire) == 0 {
-                std::thread::park();
-                continue;
-            }
-            std::thread::sleep(TICK);
-            engine.increment_epoch();
-        })?;
-        Ok(Ticker { in_flight, thread: handle.thread().clone() })
+        let handle = std::thread::Builder::new()
+            .name("plugin-epoch".into())
+            .spawn(move || loop {
+                if busy.load(Ordering::Acquire) == 0 {
+                    std::thread::park();
+                    continue;
+                }
+                std::thread::sleep(TICK);
+                engine.increment_epoch();
+            })?;
+        Ok(Ticker {
+            in_flight,
+            thread: handle.thread().clone(),
+        })
     }
 }
 
@@ -74,7 +79,10 @@ pub struct PluginRuntime {
 
 impl std::fmt::Debug for PluginRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PluginRuntime").field("cache_dir", &self.cache_dir).field("limits", &self.limits).finish()
+        f.debug_struct("PluginRuntime")
+            .field("cache_dir", &self.cache_dir)
+            .field("limits", &self.limits)
+            .finish()
     }
 }
 
@@ -86,7 +94,12 @@ impl PluginRuntime {
         config.epoch_interruption(true).max_wasm_stack(1 << 20);
         let engine = Engine::new(&config)?;
         let ticker = Ticker::start(engine.clone())?;
-        Ok(PluginRuntime { engine, cache_dir, limits, ticker })
+        Ok(PluginRuntime {
+            engine,
+            cache_dir,
+            limits,
+            ticker,
+        })
     }
 
     /// The engine.
@@ -110,11 +123,19 @@ impl PluginRuntime {
     /// other import a function that traps with its name.
     pub fn instance_pre(&self, component: &Component) -> wasmtime::Result<InstancePre<StoreState>> {
         let mut linker = Linker::new(&self.engine);
-        let imports: Vec<String> =
-            component.component_type().imports(&self.engine).map(|(name, _)| name.to_string()).collect();
-        for name in imports.iter().filter(|n| n.starts_with("wasi:cli/environment@0.2.")) {
+        let imports: Vec<String> = component
+            .component_type()
+            .imports(&self.engine)
+            .map(|(name, _)| name.to_string())
+            .collect();
+        for name in imports
+            .iter()
+            .filter(|n| n.starts_with("wasi:cli/environment@0.2."))
+        {
             let mut env = linker.instance(name)?;
-            env.func_wrap("get-environment", |_, ()| Ok((Vec::<(String, String)>::new(),)))?;
+            env.func_wrap("get-environment", |_, ()| {
+                Ok((Vec::<(String, String)>::new(),))
+            })?;
             env.func_wrap("get-arguments", |_, ()| Ok((Vec::<String>::new(),)))?;
             env.func_wrap("initial-cwd", |_, ()| Ok((None::<String>,)))?;
         }
@@ -160,7 +181,10 @@ impl PluginRuntime {
 /// backtrace).
 pub fn describe_fault(err: &wasmtime::Error, limits: &Limits, deadline: Duration) -> String {
     if matches!(err.downcast_ref::<Trap>(), Some(Trap::Interrupt)) {
-        return format!("exceeded its deadline of {} ms and was interrupted", deadline.as_millis());
+        return format!(
+            "exceeded its deadline of {} ms and was interrupted",
+            deadline.as_millis()
+        );
     }
     let root = err.root_cause().to_string();
     if let Some(import) = root.strip_prefix("unknown import: ") {
@@ -172,7 +196,10 @@ pub fn describe_fault(err: &wasmtime::Error, limits: &Limits, deadline: Duration
         return format!("used {import}, a host capability the sandbox does not grant");
     }
     if root.contains("growing memory") || root.contains("memory") && root.contains("limit") {
-        return format!("exceeded its memory limit of {} MiB ({root})", limits.memory_bytes >> 20);
+        return format!(
+            "exceeded its memory limit of {} MiB ({root})",
+            limits.memory_bytes >> 20
+        );
     }
     match err.downcast_ref::<Trap>() {
         Some(trap) => format!("trapped: {trap}"),

@@ -30,21 +30,31 @@ pub struct LogitBias {
 
 /// Parses one request's `extra_args`; the error names the key.
 fn parse_rule(json: &str) -> Result<Option<Rule>, String> {
-    let v: Value = serde_json::from_str(json).map_err(|e| format!("extra_args is not JSON: {e}"))?;
+    let v: Value =
+        serde_json::from_str(json).map_err(|e| format!("extra_args is not JSON: {e}"))?;
     let mut rule = Rule::default();
     if let Some(list) = v.get("banned_token_ids") {
-        let list = list.as_array().ok_or("extra_args.banned_token_ids must be a list of token ids")?;
+        let list = list
+            .as_array()
+            .ok_or("extra_args.banned_token_ids must be a list of token ids")?;
         for id in list {
             let id = id.as_u64().and_then(|i| u32::try_from(i).ok());
-            rule.banned.push(id.ok_or("extra_args.banned_token_ids must hold non-negative integers")?);
+            rule.banned
+                .push(id.ok_or("extra_args.banned_token_ids must hold non-negative integers")?);
         }
     }
     if let Some(map) = v.get("logit_bias") {
-        let map = map.as_object().ok_or("extra_args.logit_bias must be an object {\"token_id\": bias}")?;
+        let map = map
+            .as_object()
+            .ok_or("extra_args.logit_bias must be an object {\"token_id\": bias}")?;
         for (key, value) in map {
-            let id: u32 = key.parse().map_err(|_| format!("extra_args.logit_bias key {key:?} is not a token id"))?;
+            let id: u32 = key
+                .parse()
+                .map_err(|_| format!("extra_args.logit_bias key {key:?} is not a token id"))?;
             let bias = value.as_f64().filter(|b| (-100.0..=100.0).contains(b));
-            let bias = bias.ok_or_else(|| format!("extra_args.logit_bias[{key:?}] must be a number in [-100, 100]"))?;
+            let bias = bias.ok_or_else(|| {
+                format!("extra_args.logit_bias[{key:?}] must be a number in [-100, 100]")
+            })?;
             if bias <= -100.0 {
                 rule.banned.push(id);
             } else {
@@ -76,7 +86,9 @@ impl LogitsProcessor for LogitBias {
         }
         let mut edits = Edits::none();
         for (row, id) in batch.ids.iter().enumerate() {
-            let Some(rule) = self.rules.get(id) else { continue };
+            let Some(rule) = self.rules.get(id) else {
+                continue;
+            };
             for &t in rule.banned.iter().filter(|&&t| t < batch.vocab_size) {
                 edits.ban(row as u32, t);
             }
@@ -110,9 +122,18 @@ mod tests {
     fn bans_and_biases_follow_each_request() {
         let mut p = LogitBias::new("{}").unwrap();
         let args = r#"{"banned_token_ids": [5, 500], "logit_bias": {"9": 2.5, "8": -100}}"#;
-        let e = p.process(&batch(&[(1, args), (2, "null")], &[], &[2, 1])).unwrap();
-        assert_eq!((e.ban_rows, e.ban_tokens), (vec![1, 1], vec![5, 8]), "500 >= vocab is dropped");
-        assert_eq!((e.bias_rows, e.bias_tokens, e.bias_values), (vec![1], vec![9], vec![2.5]));
+        let e = p
+            .process(&batch(&[(1, args), (2, "null")], &[], &[2, 1]))
+            .unwrap();
+        assert_eq!(
+            (e.ban_rows, e.ban_tokens),
+            (vec![1, 1], vec![5, 8]),
+            "500 >= vocab is dropped"
+        );
+        assert_eq!(
+            (e.bias_rows, e.bias_tokens, e.bias_values),
+            (vec![1], vec![9], vec![2.5])
+        );
         let e = p.process(&batch(&[], &[1], &[2])).unwrap();
         assert!(e.ban_rows.is_empty() && e.bias_rows.is_empty());
     }
@@ -120,9 +141,13 @@ mod tests {
     #[test]
     fn bad_arguments_name_the_key() {
         let mut p = LogitBias::new("{}").unwrap();
-        let err = p.process(&batch(&[(3, r#"{"logit_bias": {"x": 1}}"#)], &[], &[3])).unwrap_err();
+        let err = p
+            .process(&batch(&[(3, r#"{"logit_bias": {"x": 1}}"#)], &[], &[3]))
+            .unwrap_err();
         assert!(err.contains("request 3") && err.contains("\"x\""), "{err}");
-        let err = p.process(&batch(&[(3, r#"{"logit_bias": {"1": 101}}"#)], &[], &[3])).unwrap_err();
+        let err = p
+            .process(&batch(&[(3, r#"{"logit_bias": {"1": 101}}"#)], &[], &[3]))
+            .unwrap_err();
         assert!(err.contains("[-100, 100]"), "{err}");
     }
 }
