@@ -87,18 +87,35 @@ fn sigterm_without_drain_aborts_running_requests() {
 
 #[test]
 fn a_dead_engine_answers_503_and_the_server_exits_nonzero() {
-    let mut server = Server::start(&["--set", "parallel.distributed_executor_backend=\"mp\""]);
-    assert_eq!(
-        server
-            .post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 2}))
-            .status,
-        200
+    // The engine dies of a worker process killed under it.
+    let server = Server::start(&["--set", "parallel.distributed_executor_backend=\"mp\""]);
+    kill_child_and_expect_503_then_exit(server, "the mp executor's worker");
+}
+
+#[test]
+fn an_engine_core_process_serves_and_its_death_is_503_then_exit() {
+    // vLLM's layout: the engine core in its own process, behind the same
+    // client; killing that process is the engine dying.
+    let server = Server::start(&["--set", "server.engine_core_process=true"]);
+    let r = server.post(
+        "/v1/completions",
+        &json!({"prompt": "Hi", "max_tokens": 4, "temperature": 0}),
     );
-    let workers = children(server.pid());
-    assert!(!workers.is_empty(), "the mp executor has worker processes");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["usage"]["completion_tokens"], 4);
+    kill_child_and_expect_503_then_exit(server, "the engine-core process");
+}
+
+/// Kills the server's (first) child process with SIGKILL, then expects
+/// every request to get 503 until the server exits, non-zero.
+fn kill_child_and_expect_503_then_exit(mut server: Server, what: &str) {
+    let ok = server.post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 2}));
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    let victims = children(server.pid());
+    assert!(!victims.is_empty(), "{what} is a child process");
     let killed = std::process::Command::new("kill")
         .arg("-9")
-        .arg(workers[0].to_string())
+        .arg(victims[0].to_string())
         .status()
         .unwrap();
     assert!(killed.success());
@@ -121,7 +138,7 @@ fn a_dead_engine_answers_503_and_the_server_exits_nonzero() {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(saw_503, "no 503 after the worker died");
+    assert!(saw_503, "no 503 after {what} died");
     let status = server
         .wait_exit(Duration::from_secs(15))
         .expect("the server exits after the engine died");

@@ -4,7 +4,8 @@
 //! The server is the frontend: it tokenizes, applies the chat template,
 //! fans `n` choices out into engine requests, and turns engine-core outputs
 //! into text through `RequestState` (detokenizer + stop strings). The engine
-//! core runs on its own threads behind `EngineCoreClient`.
+//! core runs behind `EngineCoreClient`, on its own threads or in its own
+//! process (`server.engine_core_process`).
 //!
 //! Modules: `protocol` (wire types), `params` (validation), `completions` and
 //! `chat` (the two generation endpoints), `generate` (engine requests of one
@@ -171,10 +172,15 @@ async fn run(config: &EngineConfig) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {addr} (server.host / server.port)"))?;
     let engine_config = config.clone();
-    let (client, tokenizer) =
-        tokio::task::spawn_blocking(move || EngineCoreClient::start_in_process(&engine_config))
-            .await
-            .context("the engine start-up panicked")??;
+    let (client, tokenizer) = tokio::task::spawn_blocking(move || {
+        if engine_config.server.engine_core_process {
+            EngineCoreClient::start_process(&engine_config)
+        } else {
+            EngineCoreClient::start_in_process(&engine_config)
+        }
+    })
+    .await
+    .context("the engine start-up panicked")??;
     let app = Arc::new(AppState::new(client.clone(), tokenizer, config));
     let local = listener.local_addr()?;
     // Tests and scripts wait for this line.
