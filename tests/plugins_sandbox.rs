@@ -293,3 +293,53 @@ fn the_sandbox_grants_no_filesystem_network_or_environment() {
     let (msg, _) = misbehave("env");
     assert!(msg.contains("position 5 is out of range"), "env: {msg}");
 }
+
+#[test]
+fn host_plugin_list_and_inspect_print_what_plugins_declare() {
+    let run = |args: &[&std::ffi::OsStr]| {
+        let out = std::process::Command::new(e2e::host_bin())
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let sjf = plugin("shortest_prompt_first");
+    let (ok, stdout, stderr) = run(&["plugin".as_ref(), "inspect".as_ref(), sjf.as_os_str()]);
+    assert!(ok, "{stderr}");
+    for line in [
+        "name: engine:shortest-prompt-first",
+        "version: 0.1.0",
+        "kind: scheduling policy",
+        "wit: engine:plugins@0.1.0",
+        "  engine:plugins/scheduling-policy@0.1.0",
+        "  max_wait_s (default 0): ",
+    ] {
+        assert!(stdout.contains(line), "missing {line:?} in\n{stdout}");
+    }
+    let bias = plugin("logit_bias");
+    let (ok, stdout, stderr) = run(&[
+        "--plugin".as_ref(),
+        bias.as_os_str(),
+        "plugin".as_ref(),
+        "list".as_ref(),
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("builtin:fcfs\t")
+            && stdout.contains("engine:logit-bias@0.1.0\tlogits processor\t"),
+        "{stdout}"
+    );
+    let (ok, _, stderr) = run(&[
+        "plugin".as_ref(),
+        "inspect".as_ref(),
+        plugin("future_wit").as_os_str(),
+    ]);
+    assert!(
+        !ok && stderr.contains("built against engine:plugins@0.2.0"),
+        "{stderr}"
+    );
+}
