@@ -343,3 +343,37 @@ fn host_plugin_list_and_inspect_print_what_plugins_declare() {
         "{stderr}"
     );
 }
+
+#[test]
+fn auto_takes_the_one_policy_given_by_plugin_paths() {
+    let cache = tempfile::tempdir().unwrap();
+    let resolve = |paths: Vec<PathBuf>| {
+        host::plugins::scheduling_policy("auto", &config(paths, cache.path()))
+            .map(|p| p.name().to_string())
+    };
+    assert_eq!(resolve(vec![]).unwrap(), "builtin:fcfs");
+    assert_eq!(
+        resolve(vec![plugin("logit_bias")]).unwrap(),
+        "builtin:fcfs",
+        "no policy among them"
+    );
+    assert_eq!(
+        resolve(vec![plugin("logit_bias"), plugin("shortest_prompt_first")]).unwrap(),
+        "engine:shortest-prompt-first"
+    );
+    let err = resolve(vec![plugin("shortest_prompt_first"), plugin("fcfs")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("2 scheduling policies (engine:shortest-prompt-first, engine:fcfs)"),
+        "{err}"
+    );
+    let err = host::plugins::scheduling_policy("acme:x", &PluginsConfig::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("acme:x") && err.contains("builtin:fcfs, builtin:priority"),
+        "{err}"
+    );
+}

@@ -80,7 +80,9 @@ pub struct SchedulerConfig {
     pub enable_chunked_prefill: bool,
     /// A prefill longer than this is chunked to it; 0 disables the cap.
     pub long_prefill_token_threshold: usize,
-    /// The scheduling policy by qualified name.
+    /// The scheduling policy by qualified name; `auto` takes the one
+    /// scheduling-policy plugin given by `--plugin` / `plugins.paths`, else
+    /// `builtin:fcfs`.
     pub policy: String,
     /// Schedule step N+1 while step N runs (accepted; steps are synchronous
     /// until the engine-core busy loop lands).
@@ -94,7 +96,7 @@ impl Default for SchedulerConfig {
             max_num_batched_tokens: 2048,
             enable_chunked_prefill: true,
             long_prefill_token_threshold: 0,
-            policy: "builtin:fcfs".into(),
+            policy: "auto".into(),
             async_scheduling: true,
         }
     }

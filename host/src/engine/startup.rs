@@ -85,7 +85,7 @@ pub fn build_engine_core(config: &EngineConfig) -> anyhow::Result<(EngineCore, T
         num_blocks: u32::try_from(num_blocks)?,
         enable_prefix_caching: config.cache.enable_prefix_caching,
         eos_token_id: tokenizer.eos_token_id(),
-        policy: sched.policy.clone(),
+        policy: policy.name().to_string(),
     }, policy)?;
     Ok((EngineCore::new(scheduler, executor), tokenizer))
 }
@@ -94,11 +94,7 @@ pub fn build_engine_core(config: &EngineConfig) -> anyhow::Result<(EngineCore, T
 /// by `[plugins]` (the WebAssembly engine starts only when plugins are
 /// configured).
 fn scheduling_policy(config: &EngineConfig) -> anyhow::Result<Box<dyn crate::scheduler::SchedulingPolicy>> {
-    let plugins = &config.plugins;
-    if plugins.paths.is_empty() && plugins.dirs.is_empty() {
-        return Ok(crate::scheduler::builtin_policy(&config.scheduler.policy)?);
-    }
-    Ok(crate::plugins::host_from_config(plugins)?.scheduling_policy(&config.scheduler.policy)?)
+    crate::plugins::scheduling_policy(&config.scheduler.policy, &config.plugins)
 }
 
 /// Sizes the KV cache to the fewest blocks any worker can hold, allocates

@@ -112,6 +112,39 @@ pub fn runtime_from_config(config: &PluginsConfig) -> Result<Arc<PluginRuntime>,
         .map_err(|e| PluginError::Config(format!("cannot start the WebAssembly engine: {e}")))
 }
 
+/// The scheduling policy `name` (`scheduler.policy`) picks. `auto` is the
+/// one scheduling-policy plugin among `plugins.paths` (what `--plugin`
+/// adds), so `host --plugin sched.wasm` serves with it, and `builtin:fcfs`
+/// when there is none; two are ambiguous. The WebAssembly engine starts only
+/// when plugins are configured.
+pub fn scheduling_policy(
+    name: &str,
+    config: &PluginsConfig,
+) -> anyhow::Result<Box<dyn crate::scheduler::SchedulingPolicy>> {
+    if config.paths.is_empty() && config.dirs.is_empty() {
+        let name = if name == "auto" { "builtin:fcfs" } else { name };
+        return Ok(crate::scheduler::builtin_policy(name)?);
+    }
+    let host = host_from_config(config)?;
+    if name != "auto" {
+        return Ok(host.scheduling_policy(name)?);
+    }
+    let given: Vec<&str> = host
+        .plugins()
+        .filter(|p| p.kind == PluginKind::SchedulingPolicy && config.paths.contains(&p.path))
+        .map(|p| p.name.as_str())
+        .collect();
+    Ok(match given.as_slice() {
+        [] => host.scheduling_policy("builtin:fcfs")?,
+        [one] => host.scheduling_policy(one)?,
+        many => anyhow::bail!(PluginError::Config(format!(
+            "scheduler.policy = \"auto\", but plugins.paths holds {} scheduling policies ({}); set scheduler.policy to one of them",
+            many.len(),
+            many.join(", ")
+        ))),
+    })
+}
+
 /// Loads every plugin the `[plugins]` settings make known.
 pub fn host_from_config(config: &PluginsConfig) -> Result<PluginHost, PluginError> {
     let on_error: OnError = config.on_error.parse()?;
