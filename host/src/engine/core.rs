@@ -195,7 +195,11 @@ impl EngineCore {
                 let Some(rpc_method) = args.get("method").and_then(Value::as_str) else {
                     return Err("collective_rpc needs {\"method\": \"<name>\", \"args\": …}".into());
                 };
-                let rpc_args = RpcValue::Json(args.get("args").cloned().unwrap_or(Value::Null).to_string());
+                // A method without arguments gets none rather than a JSON null.
+                let rpc_args = match args.get("args") {
+                    None | Some(Value::Null) => RpcValue::Unit,
+                    Some(a) => RpcValue::Json(a.to_string()),
+                };
                 let timeout = self.executor.execute_model_timeout();
                 let replies = self.executor.call(rpc_method, rpc_args, None, timeout).map_err(|e| e.to_string())?;
                 replies.into_iter().map(rpc_reply_to_json).collect::<Result<Vec<_>, _>>().map(Value::Array)

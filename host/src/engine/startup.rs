@@ -68,6 +68,11 @@ pub fn build_engine_core(config: &EngineConfig) -> anyhow::Result<(EngineCore, T
     .into_iter()
     .min()
     .context("max_model_len: no worker replied")?;
+    let max_model_len = fit_to_kv_cache(
+        usize::try_from(max_model_len)?,
+        num_blocks * config.cache.block_size,
+        config.model.max_model_len > 0,
+    )?;
     if !config.plugins.logits_processors.is_empty() {
         let plugins = serde_json::to_string(&config.plugins)?;
         executor.call("load_logits_processors", RpcValue::Json(plugins), None, timeout)?;
@@ -88,6 +93,28 @@ pub fn build_engine_core(config: &EngineConfig) -> anyhow::Result<(EngineCore, T
         policy: policy.name().to_string(),
     }, policy)?;
     Ok((EngineCore::new(scheduler, executor), tokenizer))
+}
+
+/// The longest context the engine accepts: the model's (or the configured)
+/// `max_model_len`, so that one request of that length fits the KV cache.
+/// An explicitly configured length that does not fit is an error, as in
+/// vLLM; the model's own is lowered to what fits, with a warning, so the
+/// defaults always start.
+fn fit_to_kv_cache(max_model_len: usize, kv_tokens: usize, explicit: bool) -> anyhow::Result<usize> {
+    if max_model_len <= kv_tokens {
+        return Ok(max_model_len);
+    }
+    if explicit {
+        anyhow::bail!(
+            "model.max_model_len = {max_model_len} is more than the KV cache holds ({kv_tokens} tokens); \
+             lower model.max_model_len or raise cache.kv_cache_memory_bytes"
+        );
+    }
+    tracing::warn!(
+        "the KV cache holds {kv_tokens} tokens, fewer than the model's context of {max_model_len}; \
+         serving at most {kv_tokens} (raise cache.kv_cache_memory_bytes for more)"
+    );
+    Ok(kv_tokens)
 }
 
 /// The policy `scheduler.policy` names: a built-in, or a plugin made known
@@ -174,4 +201,20 @@ fn spinner(message: String) -> ProgressBar {
     );
     bar.enable_steady_tick(Duration::from_millis(120));
     bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fit_to_kv_cache;
+
+    #[test]
+    fn max_model_len_fits_the_kv_cache() {
+        assert_eq!(fit_to_kv_cache(2048, 4096, false).unwrap(), 2048);
+        assert_eq!(fit_to_kv_cache(2048, 4096, true).unwrap(), 2048);
+        // The model's own context is lowered to what the cache holds.
+        assert_eq!(fit_to_kv_cache(8192, 5824, false).unwrap(), 5824);
+        // A configured one that does not fit is the user's to fix.
+        let err = fit_to_kv_cache(8192, 5824, true).unwrap_err().to_string();
+        assert!(err.contains("model.max_model_len = 8192") && err.contains("kv_cache_memory_bytes"), "{err}");
+    }
 }
