@@ -10,7 +10,8 @@ use host::sampling::SamplingParams;
 fn config(kv_blocks: u64, max_num_batched_tokens: usize, prefix_caching: bool) -> EngineConfig {
     let mut c = EngineConfig::default();
     c.model.path = e2e::default_model();
-    c.model.max_model_len = 512;
+    // Within what the cache holds (an explicit length past it is refused).
+    c.model.max_model_len = 512.min(kv_blocks as usize * 16);
     c.scheduler.max_num_batched_tokens = max_num_batched_tokens;
     c.cache.enable_prefix_caching = prefix_caching;
     // One block of SmolLM2: 30 layers x K and V x 3 heads x 64 dims x 16 slots x 4 bytes.

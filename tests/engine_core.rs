@@ -18,7 +18,8 @@ use host::sampling::SamplingParams;
 fn config(kv_blocks: u64) -> EngineConfig {
     let mut c = EngineConfig::default();
     c.model.path = e2e::default_model();
-    c.model.max_model_len = 512;
+    // The model's own context, lowered at start-up to what the cache holds.
+    c.model.max_model_len = 0;
     c.scheduler.max_num_batched_tokens = 256;
     // One block of SmolLM2: 30 layers x K and V x 3 heads x 64 dims x 16 slots x 4 bytes.
     c.cache.kv_cache_memory_bytes = kv_blocks * 30 * 2 * 3 * 64 * 16 * 4;
@@ -172,12 +173,13 @@ fn dropping_a_stream_aborts_its_request_and_frees_its_blocks() {
 #[test]
 fn a_request_that_can_never_fit_is_refused_and_the_engine_carries_on() {
     for mode in MODES {
-        // 8 blocks of 16 tokens: 128 tokens of KV in all.
+        // 8 blocks of 16 tokens: 128 tokens of KV in all, so the engine
+        // serves contexts of at most 128 tokens.
         let (client, tokenizer) = start(mode, &config(8));
         let too_long = vec![tokenizer.encode("word", false).unwrap()[0]; 200];
         match collect(&client, request("big", too_long, greedy(4))) {
             Err(EngineCoreError::Rejected(reason)) => {
-                assert!(reason.contains("KV cache"), "{reason}")
+                assert!(reason.contains("exceeds max_model_len (128)"), "{reason}")
             }
             other => panic!("expected a refusal, got {other:?}"),
         }
