@@ -50,7 +50,8 @@ pub struct ModelConfig {
     /// A `tokenizer.json` to use instead of the model's own tokenizer.
     pub tokenizer: Option<PathBuf>,
     /// The longest sequence (prompt + output) to serve; 0 takes the model's
-    /// trained context length.
+    /// trained context length, lowered to what the KV cache holds. A value
+    /// the KV cache cannot hold is refused at start-up.
     pub max_model_len: usize,
     /// Seed of the dummy weights (`load_format = "dummy"`).
     pub seed: u64,
