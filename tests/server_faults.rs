@@ -87,16 +87,22 @@ fn sigterm_without_drain_aborts_running_requests() {
 
 #[test]
 fn a_dead_engine_answers_503_and_the_server_exits_nonzero() {
-    // The engine dies of a worker process killed under it.
-    let server = Server::start(&["--set", "parallel.distributed_executor_backend=\"mp\""]);
+    // The engine (on the server's threads, so the worker is the server's
+    // child) dies of a worker process killed under it.
+    let server = Server::start(&[
+        "--set",
+        "parallel.distributed_executor_backend=\"mp\"",
+        "--set",
+        "server.engine_core_process=false",
+    ]);
     kill_child_and_expect_503_then_exit(server, "the mp executor's worker");
 }
 
 #[test]
 fn an_engine_core_process_serves_and_its_death_is_503_then_exit() {
-    // vLLM's layout: the engine core in its own process, behind the same
-    // client; killing that process is the engine dying.
-    let server = Server::start(&["--set", "server.engine_core_process=true"]);
+    // vLLM's layout (the default): the engine core in its own process,
+    // behind the same client; killing that process is the engine dying.
+    let server = Server::start(&[]);
     let r = server.post(
         "/v1/completions",
         &json!({"prompt": "Hi", "max_tokens": 4, "temperature": 0}),
@@ -104,6 +110,26 @@ fn an_engine_core_process_serves_and_its_death_is_503_then_exit() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["usage"]["completion_tokens"], 4);
     kill_child_and_expect_503_then_exit(server, "the engine-core process");
+}
+
+#[test]
+fn a_server_killed_with_sigkill_leaves_no_engine_core_or_worker_behind() {
+    let server = Server::start(&["--set", "parallel.distributed_executor_backend=\"mp\""]);
+    let engine_core = children(server.pid());
+    assert_eq!(engine_core.len(), 1, "the engine-core process: {engine_core:?}");
+    let workers = children(engine_core[0]);
+    assert_eq!(workers.len(), 1, "its worker process: {workers:?}");
+    server.signal("KILL");
+    // The death pipes close with the killed process: both exit on their own.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let alive = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|stat| !stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')))
+    };
+    while [engine_core[0], workers[0]].into_iter().any(alive) {
+        assert!(std::time::Instant::now() < deadline, "orphans left running after 10 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Kills the server's (first) child process with SIGKILL, then expects

@@ -241,9 +241,9 @@ pub struct ServerConfig {
     /// On SIGTERM / Ctrl-C: `true` lets running requests finish (new ones
     /// get 503), `false` aborts them at once.
     pub drain_on_shutdown: bool,
-    /// Run the engine core in its own process (vLLM's layout: a crash there
-    /// cannot take the HTTP server down with it) instead of on threads of
-    /// the server's process.
+    /// Run the engine core in its own process (the default, vLLM's layout:
+    /// a crash there cannot take the HTTP server down with it); `false`
+    /// runs it on threads of the server's process.
     pub engine_core_process: bool,
 }
 
@@ -257,7 +257,7 @@ impl Default for ServerConfig {
             max_body_bytes: 4 << 20,
             enable_rpc_endpoint: false,
             drain_on_shutdown: true,
-            engine_core_process: false,
+            engine_core_process: true,
         }
     }
 }
