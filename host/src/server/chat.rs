@@ -20,22 +20,12 @@ use crate::engine::Delta;
 use crate::sampling::MAX_LOGPROBS;
 use crate::worker::Logprobs;
 
-/// The handler.
+/// The handler; an error becomes its OpenAI-style response.
 pub async fn create(
     State(app): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
-) -> Response {
-    match run(app, body).await {
-        Ok(response) => response,
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn run(
-    app: Arc<AppState>,
-    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body = params::json_object(&super::read_body(body)?)?;
+    let body = super::request_object(body)?;
     params::refuse_unsupported(&body)?;
     let req: ChatCompletionRequest = params::typed(&body)?;
     app.check_model(req.model.as_deref())?;

@@ -23,22 +23,12 @@ use crate::worker::Logprobs;
 /// vLLM's and OpenAI's default `max_tokens` for completions.
 const DEFAULT_MAX_TOKENS: u32 = 16;
 
-/// The handler.
+/// The handler; an error becomes its OpenAI-style response.
 pub async fn create(
     State(app): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
-) -> Response {
-    match run(app, body).await {
-        Ok(response) => response,
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn run(
-    app: Arc<AppState>,
-    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body = params::json_object(&super::read_body(body)?)?;
+    let body = super::request_object(body)?;
     params::refuse_unsupported(&body)?;
     let req: CompletionRequest = params::typed(&body)?;
     app.check_model(req.model.as_deref())?;

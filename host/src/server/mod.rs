@@ -137,14 +137,16 @@ pub fn served_model_name(config: &EngineConfig) -> String {
         .map_or_else(|| "model".to_string(), |s| s.to_string_lossy().into_owned())
 }
 
-/// The request body, or the error its reading met (413 past the limit).
-fn read_body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
-    body.map_err(|e| {
+/// The request body as a JSON object, or the error reading or parsing it
+/// met (413 past the size limit, 400 for anything but a JSON object).
+fn request_object(body: Result<Bytes, BytesRejection>) -> Result<serde_json::Value, ApiError> {
+    let body = body.map_err(|e| {
         ApiError::with_status(
             e.status(),
             format!("cannot read the request body: {}", e.body_text()),
         )
-    })
+    })?;
+    params::json_object(&body)
 }
 
 /// Seconds since the Unix epoch.

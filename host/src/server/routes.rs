@@ -96,7 +96,7 @@ async fn collective_rpc(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let run = async {
-        let body = params::json_object(&super::read_body(body)?)?;
+        let body = super::request_object(body)?;
         let req: RpcRequest = params::typed(&body)?;
         app.check_serving()?;
         let client = app.client.clone();
