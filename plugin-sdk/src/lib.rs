@@ -3,7 +3,7 @@
 //! `cargo build --release --target wasm32-wasip2`, and load the `.wasm` with
 //! `host --plugin FILE.wasm`.
 //!
-//! The SDK hides the WIT bindings (`wit/plugins.wit`, package
+//! The SDK hides the WIT bindings (`wit/v0.1.0/plugins.wit`, package
 //! `engine:plugins@0.1.0`): a plugin implements a trait
 //! ([`policy::SchedulingPolicy`] or [`logits_processor::LogitsProcessor`])
 //! whose methods take and return ordinary Rust values, so its logic is

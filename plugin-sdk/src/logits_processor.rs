@@ -4,7 +4,7 @@
 #[doc(hidden)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../wit",
+        path: "../wit/v0.1.0",
         world: "engine:plugins/logits-processor-plugin@0.1.0",
         pub_export_macro: true,
         export_macro_name: "__export_logits_processor_world",
