@@ -7,6 +7,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod distributed;
 pub mod engine;
 pub mod kernels;
 pub mod kv_cache;

@@ -35,11 +35,11 @@ mod handle;
 mod layout;
 #[cfg(test)]
 mod model;
-mod process;
+pub(crate) mod process;
 mod queue;
 #[cfg(test)]
 mod tests;
-mod wait;
+pub(crate) mod wait;
 
 use std::time::Duration;
 
