@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 rustup target add wasm32-wasip2
 # The Python references the end-to-end tests compare against.
 python3 -m pip install --quiet --disable-pip-version-check -r tests/reference/requirements.txt
+# NVRTC, so the CUDA kernels compile to PTX here although no GPU is present.
+python3 -m pip install --quiet --disable-pip-version-check "nvidia-cuda-nvrtc-cu12>=12.4,<13"
 # The default model (cached; checked by sha256).
 bash scripts/fetch-model.sh
 # The shipped and fixture plugins: their own workspace, built for WebAssembly
@@ -20,3 +22,11 @@ bash plugins/python/longest-prompt-first/build.sh
 python3 plugins/python/longest-prompt-first/test_app.py
 
 cargo test --workspace --all-targets
+
+# The CUDA runner's CPU-verifiable parts (`--features cuda`): every kernel
+# compiled to PTX for sm_90 by the wheel's NVRTC (a kernel that does not
+# compile fails here), and the host-side logic. The GPU checks themselves
+# are scripts/gpu-check.sh, on a machine with a GPU.
+NVRTC_LIB_DIR="$(python3 -c 'import nvidia.cuda_nvrtc as m; print(list(m.__path__)[0] + "/lib")')"
+LD_LIBRARY_PATH="$NVRTC_LIB_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    cargo test -p host --features cuda --lib cuda

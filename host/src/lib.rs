@@ -7,6 +7,8 @@
 
 pub mod cli;
 pub mod config;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod distributed;
 pub mod engine;
 pub mod kernels;
