@@ -2,6 +2,18 @@
 //! the `cuda` cargo feature. cudarc loads the driver, NVRTC and cuBLAS at
 //! run time, so this builds without a CUDA toolkit.
 //!
-//! - [`nvrtc`]: the CUDA C kernels and their compilation to PTX, cached.
+//! Verified without a GPU: [`nvrtc`] (every kernel compiles to sm_90 PTX),
+//! [`memory`], [`graphs`], [`metadata`] and [`philox`]. See docs/cuda.md
+//! for what still awaits a GPU.
+//!
+//! - [`nvrtc`]: the CUDA C kernels and their compilation to PTX, cached;
+//! - [`memory`]: the KV-cache budget from the memory snapshots;
+//! - [`graphs`]: the CUDA-graph capture sizes and batch padding;
+//! - [`metadata`]: block tables and slot mappings in the kernels' layout;
+//! - [`philox`]: the sampler's counter-based generator, host reference.
 
+pub mod graphs;
+pub mod memory;
+pub mod metadata;
 pub mod nvrtc;
+pub mod philox;
