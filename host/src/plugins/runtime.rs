@@ -147,7 +147,10 @@ impl PluginRuntime {
     pub fn new_store(&self) -> Store<StoreState> {
         let limits = StoreLimitsBuilder::new()
             .memory_size(self.limits.memory_bytes)
-            .instances(8)
+            // A component built by componentize-py (CPython, libc, the WASI
+            // adapter and their shims) instantiates 38 core modules; memory
+            // stays capped by `memory_size` however many there are.
+            .instances(64)
             .tables(8)
             .table_elements(20_000)
             .trap_on_grow_failure(true)
