@@ -12,8 +12,11 @@
 //! - [`metadata`]: block tables and slot mappings in the kernels' layout;
 //! - [`philox`]: the sampler's counter-based generator, host reference.
 
+pub mod device;
 pub mod graphs;
 pub mod memory;
 pub mod metadata;
 pub mod nvrtc;
 pub mod philox;
+pub mod runner;
+pub mod weights;

@@ -37,7 +37,7 @@ pub const MODULES: &[KernelModule] = &[
     KernelModule {
         name: "norm",
         source: include_str!("kernels/norm.cu"),
-        kernels: &["fused_add_rms_norm", "rms_norm_rows"],
+        kernels: &["fused_add_rms_norm"],
     },
     KernelModule {
         name: "rope",
@@ -47,7 +47,7 @@ pub const MODULES: &[KernelModule] = &[
     KernelModule {
         name: "activation",
         source: include_str!("kernels/activation.cu"),
-        kernels: &["silu_and_mul", "embed_tokens"],
+        kernels: &["silu_and_mul", "gather_rows", "fill_random_bf16"],
     },
     KernelModule {
         name: "attention",

@@ -18,6 +18,8 @@ use thiserror::Error;
 
 pub use cpu::{CpuModelRunner, RunnerConfig};
 pub use input::{ModelInput, SeqInput};
+/// The limits a step is validated against (shared with the CUDA runner).
+pub(crate) use input::Limits as InputLimits;
 pub use kv_cache::{KvCache, KvCacheShape};
 
 use crate::kernels::KernelError;

@@ -25,23 +25,3 @@ extern "C" __global__ void fused_add_rms_norm(
         orow[i] = f32_to_bf16(bf16_to_f32(rr[i]) * inv * weight[i]);
     }
 }
-
-// RMSNorm of selected rows into a dense f32 output (the final norm of each
-// sequence's last token, feeding the LM head): out[i] = norm(x[rows[i]]).
-extern "C" __global__ void rms_norm_rows(
-    bf16* out, const bf16* x, const int* rows, const float* weight,
-    float eps, int hidden)
-{
-    __shared__ float red[32];
-    const bf16* xr = x + (size_t)rows[blockIdx.x] * hidden;
-    bf16* orow = out + (size_t)blockIdx.x * hidden;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
-        float v = bf16_to_f32(xr[i]);
-        ss += v * v;
-    }
-    float inv = rsqrtf(block_sum(ss, red) / (float)hidden + eps);
-    for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
-        orow[i] = f32_to_bf16(bf16_to_f32(xr[i]) * inv * weight[i]);
-    }
-}
