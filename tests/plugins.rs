@@ -152,7 +152,7 @@ fn a_faulting_policy_falls_back_and_the_engine_keeps_serving() {
 }
 
 #[test]
-fn a_faulting_processor_fails_the_step_only_when_configured_to() {
+fn a_faulting_processor_fails_only_its_requests_when_configured_to() {
     let mut c = engine_config(&["misbehave_processor"]);
     c.plugins.logits_processors = vec!["test:misbehave-processor".into()];
     c.plugins.options.insert(
@@ -169,14 +169,63 @@ fn a_faulting_processor_fails_the_step_only_when_configured_to() {
     );
     drop(llm);
 
+    // Under "fail" the requests whose rows were in the faulting call fail,
+    // naming the plugin; the engine serves the others and later ones. One
+    // request per step, so only the one that asks is in a faulting call.
     c.plugins.on_error = "fail".into();
+    c.scheduler.max_num_seqs = 1;
+    c.plugins.options.insert(
+        "test:misbehave-processor".into(),
+        "mode = \"error-if-asked\"".parse().unwrap(),
+    );
+    let faulty = SamplingParams {
+        extra_args: Some(serde_json::json!({"fault": true})),
+        ..greedy(2)
+    };
+    let reqs = [
+        request("The sky is", greedy(2)),
+        request("Water boils at", faulty),
+        request("My favourite food is", greedy(2)),
+    ];
     let mut llm = Llm::new(&c).unwrap();
+    let done = llm.generate(&reqs, |_, _| {}, |_, _| {}).unwrap();
+    assert_eq!(done[0].as_ref().unwrap().token_ids.len(), 2, "{done:?}");
+    let err = done[1].as_ref().unwrap_err();
+    assert!(
+        err.contains("plugin test:misbehave-processor: process failed")
+            && err.contains("a request asked for a fault"),
+        "{err}"
+    );
+    assert_eq!(done[2].as_ref().unwrap().token_ids.len(), 2, "{done:?}");
+    let later = llm
+        .generate(&[request("The sky is", greedy(3))], |_, _| {}, |_, _| {})
+        .unwrap();
+    assert_eq!(later[0].as_ref().unwrap().token_ids.len(), 3);
+    let stats = llm.stats().scheduler;
+    assert_eq!(
+        (stats.num_running, stats.num_waiting, stats.kv_cache_usage),
+        (0, 0, 0.0),
+        "the failed request's blocks are freed"
+    );
+}
+
+#[test]
+fn a_faulting_policy_stops_the_engine_when_configured_to_fail() {
+    let mut c = engine_config(&["misbehave"]);
+    c.scheduler.policy = "test:misbehave".into();
+    c.plugins.on_error = "fail".into();
+    c.plugins
+        .options
+        .insert("test:misbehave".into(), "mode = \"panic\"".parse().unwrap());
+    let mut llm = Llm::new(&c).unwrap();
+    let reqs = [request("The sky is", greedy(3))];
     let err = format!(
         "{:#}",
         llm.generate(&reqs, |_, _| {}, |_, _| {}).unwrap_err()
     );
     assert!(
-        err.contains("test:misbehave-processor") && err.contains("not finite"),
+        err.contains("plugin test:misbehave: order-waiting failed")
+            && err.contains("plugins.on_error = \"fail\""),
         "{err}"
     );
 }

@@ -317,10 +317,16 @@ impl Worker {
     /// request that reached the end of its known tokens, as `(handle, [token])`.
     pub fn sample_tokens(&mut self) -> Result<ModelRunnerOutput, WorkerError> {
         match self.pending.take() {
-            Some((plan, mut logits)) => {
-                self.input_batch.apply_processors(&plan, &mut logits)?;
-                Ok(self.input_batch.sample(&plan, &mut logits)?)
-            }
+            Some((plan, mut logits)) => match self.input_batch.apply_processors(&plan, &mut logits) {
+                Ok(()) => Ok(self.input_batch.sample(&plan, &mut logits)?),
+                // A processor faulted under `on_error = "fail"`: the requests
+                // whose rows it was given fail; the engine and the other
+                // requests carry on.
+                Err(e) => {
+                    self.input_batch.fail(plan.sampling_handles());
+                    Ok(ModelRunnerOutput::failed(plan.sampling_handles(), &e.to_string()))
+                }
+            },
             None => Ok(ModelRunnerOutput::default()),
         }
     }

@@ -138,7 +138,7 @@ fn run_batch(
     out.flush()?;
     let stats = llm.stats();
     eprintln!(
-        "{} requests ({refused} refused), {} prompt and {} generated tokens, prefix-cache hit rate {:.1}%",
+        "{} requests ({refused} refused or failed), {} prompt and {} generated tokens, prefix-cache hit rate {:.1}%",
         results.len(),
         stats.num_prompt_tokens,
         stats.num_generation_tokens,

@@ -44,6 +44,10 @@ pub struct EngineCoreOutput {
     /// Parallel to `new_token_ids` when the request asked for logprobs;
     /// empty otherwise.
     pub new_logprobs: Vec<Logprobs>,
+    /// Why the request failed, when `finish_reason` is
+    /// [`FinishReason::Error`] (names the plugin that faulted).
+    #[serde(default)]
+    pub error: Option<String>,
 }
 
 /// Why the engine core cannot go on.
@@ -58,6 +62,10 @@ pub enum EngineError {
     /// A step panicked (a bug); the engine is dead.
     #[error("the engine core panicked: {0}")]
     Panic(String),
+    /// The scheduling-policy plugin faulted under `plugins.on_error =
+    /// "fail"`; the engine is dead.
+    #[error("{0}")]
+    Policy(String),
 }
 
 /// Per-step timings, for the metrics.
@@ -137,6 +145,9 @@ impl EngineCore {
     pub fn step(&mut self) -> Result<Vec<EngineCoreOutput>, EngineError> {
         let t0 = Instant::now();
         let so: SchedulerOutput = self.scheduler.schedule();
+        if let Some(failure) = self.scheduler.policy_failure() {
+            return Err(EngineError::Policy(failure.to_string()));
+        }
         let t1 = Instant::now();
         let sampled = if so.is_empty() && so.finished_req_ids.is_empty() {
             ModelRunnerOutput::default()
@@ -145,6 +156,8 @@ impl EngineCore {
         };
         let t2 = Instant::now();
         self.scheduler.update_from_output_into(&so, &sampled.sampled, &mut self.outputs);
+        let failed = sampled.failed.iter().map(|(h, _)| h);
+        self.scheduler.fail_requests(failed, &mut self.outputs);
         let t3 = Instant::now();
         self.last_timings = StepTimings {
             schedule_s: (t1 - t0).as_secs_f64(),
@@ -161,6 +174,10 @@ impl EngineCore {
                 finish_reason: o.finish_reason,
                 num_cached_tokens: o.num_cached_tokens,
                 new_logprobs: sampled.logprobs_of(o.handle).cloned().into_iter().collect(),
+                error: match o.finish_reason {
+                    Some(FinishReason::Error) => sampled.failure_of(o.handle).map(str::to_string),
+                    _ => None,
+                },
             });
         }
         Ok(out)

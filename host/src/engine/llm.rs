@@ -149,7 +149,7 @@ impl Llm {
                 num_prompt_tokens: ids.len(),
                 num_cached_tokens: 0,
                 logprobs: Vec::new(),
-                finish: Finish { finish_reason: String::new(), stop_reason: None },
+                finish: Finish { finish_reason: String::new(), stop_reason: None, error: None },
                 metrics: RequestMetrics::default(),
             };
             let state = RequestState::new(&self.tokenizer, &req.params);
@@ -173,9 +173,15 @@ impl Llm {
                     stopped.push(out.request_id.clone());
                 }
                 let mut req = live.remove(&out.request_id).expect("looked up above");
-                req.completion.finish = finish;
-                req.completion.metrics = req.state.metrics().clone();
-                results[req.index] = Some(Ok(req.completion));
+                results[req.index] = Some(match finish.error {
+                    // The engine failed this request (a plugin fault) and serves on.
+                    Some(error) => Err(error),
+                    None => {
+                        req.completion.finish = finish;
+                        req.completion.metrics = req.state.metrics().clone();
+                        Ok(req.completion)
+                    }
+                });
                 done += 1;
                 on_finish(done, requests.len());
             }

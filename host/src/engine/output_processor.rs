@@ -17,10 +17,13 @@ use crate::worker::Logprobs;
 /// Why a completion ended, as the OpenAI API and vLLM report it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Finish {
-    /// `"stop"`, `"length"` or `"abort"`.
+    /// `"stop"`, `"length"`, `"abort"` or `"error"`.
     pub finish_reason: String,
     /// The stop string or stop token id that matched, if any.
     pub stop_reason: Option<serde_json::Value>,
+    /// Why the request failed, when `finish_reason` is `"error"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// What one engine-core output added to a request.
@@ -86,7 +89,8 @@ impl RequestState {
             delta.text.push_str(&update.text);
             if let Some(stop) = update.stop {
                 self.finished = true;
-                delta.finish = Some(Finish { finish_reason: "stop".into(), stop_reason: Some(stop.into()) });
+                delta.finish =
+                    Some(Finish { finish_reason: "stop".into(), stop_reason: Some(stop.into()), error: None });
                 return Ok(delta);
             }
         }
@@ -98,7 +102,7 @@ impl RequestState {
                 FinishReason::StopToken(t) => Some(t.into()),
                 _ => None,
             };
-            delta.finish = Some(Finish { finish_reason: reason.as_str().into(), stop_reason });
+            delta.finish = Some(Finish { finish_reason: reason.as_str().into(), stop_reason, error: out.error.clone() });
         }
         Ok(delta)
     }

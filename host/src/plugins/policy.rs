@@ -2,26 +2,36 @@
 //! seam. The views are copied into reused column buffers (no allocation in
 //! steady state) and cross as parallel lists; the answer is checked here so
 //! the log names the plugin and what was wrong. On a fault this step uses
-//! FCFS (the built-in fallback) and the instance is recreated.
+//! FCFS (the built-in fallback) and the instance is recreated; under
+//! `plugins.on_error = "fail"` the fault is also kept as the policy's
+//! [`failure`](SchedulingPolicy::failure), and the engine core stops with it
+//! rather than run on with a policy the operator chose not to tolerate.
 
 use crate::scheduler::policy::{RunningView, SchedulingPolicy, WaitingView};
 
 use super::bindings::policy::{RunningBatch, SchedulingPolicyPlugin, WaitingQueue};
 use super::instance::Sandboxed;
+use super::{OnError, PluginError};
 
 /// A WebAssembly scheduling policy.
 pub struct WasmPolicy {
     plugin: Sandboxed<SchedulingPolicyPlugin>,
+    on_error: OnError,
+    /// The first fault, kept under [`OnError::Fail`].
+    failure: Option<String>,
     waiting: WaitingQueue,
     running: RunningBatch,
     seen: Vec<bool>,
 }
 
 impl WasmPolicy {
-    /// Wraps a started instance.
-    pub(super) fn new(plugin: Sandboxed<SchedulingPolicyPlugin>) -> WasmPolicy {
+    /// Wraps a started instance; `on_error` says whether a fault only falls
+    /// back for the step or also fails the engine.
+    pub(super) fn new(plugin: Sandboxed<SchedulingPolicyPlugin>, on_error: OnError) -> WasmPolicy {
         WasmPolicy {
             plugin,
+            on_error,
+            failure: None,
             waiting: WaitingQueue {
                 ids: Vec::new(),
                 prompt_lens: Vec::new(),
@@ -46,6 +56,14 @@ impl WasmPolicy {
     /// The latest fault's message, naming the hook and what happened.
     pub fn last_fault(&self) -> Option<&str> {
         self.plugin.last_fault()
+    }
+
+    /// Notes a fault (already logged and the instance recreated by
+    /// `Sandboxed`); under [`OnError::Fail`] the first one is kept.
+    fn faulted(&mut self, e: PluginError) {
+        if self.on_error == OnError::Fail && self.failure.is_none() {
+            self.failure = Some(format!("{e} (plugins.on_error = \"fail\" stops the engine on a scheduling-policy fault)"));
+        }
     }
 }
 
@@ -72,7 +90,8 @@ impl SchedulingPolicy for WasmPolicy {
         });
         let order = match answer {
             Ok(order) => order,
-            Err(_) => {
+            Err(e) => {
+                self.faulted(e);
                 out.extend(0..view.len() as u32);
                 return;
             }
@@ -89,7 +108,8 @@ impl SchedulingPolicy for WasmPolicy {
             } else {
                 "appears twice"
             };
-            self.plugin.fault("order-waiting", format!("returned an invalid order: position {p} {why} (queue of {n}); using FCFS for this step"));
+            let e = self.plugin.fault("order-waiting", format!("returned an invalid order: position {p} {why} (queue of {n}); using FCFS for this step"));
+            self.faulted(e);
             out.extend(0..n as u32);
             return;
         }
@@ -109,10 +129,19 @@ impl SchedulingPolicy for WasmPolicy {
             Ok(Some(p)) if (p as usize) < view.len() => Some(p),
             Ok(Some(p)) => {
                 let n = view.len();
-                self.plugin.fault("pick-victim", format!("returned position {p}, out of range (batch of {n}); preempting the latest admitted"));
+                let e = self.plugin.fault("pick-victim", format!("returned position {p}, out of range (batch of {n}); preempting the latest admitted"));
+                self.faulted(e);
                 None
             }
-            Ok(None) | Err(_) => None,
+            Ok(None) => None,
+            Err(e) => {
+                self.faulted(e);
+                None
+            }
         }
+    }
+
+    fn failure(&self) -> Option<&str> {
+        self.failure.as_deref()
     }
 }

@@ -390,7 +390,7 @@ impl PluginHost {
             self.runtime.clone(),
             pre.clone(),
         )?;
-        Ok(WasmPolicy::new(plugin))
+        Ok(WasmPolicy::new(plugin, self.on_error))
     }
 
     /// The logits processors named in `names`, in order; `None` when the

@@ -167,6 +167,12 @@ impl Scheduler {
         self.policy.name()
     }
 
+    /// The policy's fatal fault, if it had one (see
+    /// [`SchedulingPolicy::failure`]).
+    pub fn policy_failure(&self) -> Option<&str> {
+        self.policy.failure()
+    }
+
     /// The KV cache manager (read-only).
     pub fn kv_cache_manager(&self) -> &KVCacheManager {
         &self.kv

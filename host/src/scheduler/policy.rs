@@ -73,6 +73,13 @@ pub trait SchedulingPolicy: Send {
     /// blocks run out. It may be the request being scheduled, which then
     /// waits. `None` or an out-of-range position means "use FCFS" (the last).
     fn pick_victim(&mut self, view: &RunningView<'_>) -> Option<u32>;
+
+    /// A fault the engine must not run on after (a plugin policy under
+    /// `plugins.on_error = "fail"`), naming the plugin; the built-ins never
+    /// fail.
+    fn failure(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// First come, first served: admit in queue order, preempt the most recently

@@ -33,15 +33,20 @@ pub enum FinishReason {
     Length,
     /// The request was aborted by the client or the engine.
     Abort,
+    /// The request failed (a sampler plugin faulted on its row under
+    /// `plugins.on_error = "fail"`); the engine keeps serving the others.
+    Error,
 }
 
 impl FinishReason {
-    /// The OpenAI `finish_reason` string: "stop", "length" or "abort".
+    /// The OpenAI `finish_reason` string: "stop", "length", "abort" or
+    /// "error" (vLLM's `FinishReason.ERROR`).
     pub fn as_str(self) -> &'static str {
         match self {
             FinishReason::Eos | FinishReason::StopToken(_) => "stop",
             FinishReason::Length => "length",
             FinishReason::Abort => "abort",
+            FinishReason::Error => "error",
         }
     }
 }

@@ -109,4 +109,35 @@ impl Scheduler {
             self.running.retain(|h| slots[h.index()].is_some());
         }
     }
+
+    /// Finishes with [`FinishReason::Error`] every request of `failed` (the
+    /// worker could not sample it and will not run it again), freeing its
+    /// blocks, and appends its final output to `outputs`. A request
+    /// preempted while the step was in flight fails too; handles finished
+    /// or aborted meanwhile are ignored.
+    pub fn fail_requests<'a>(
+        &mut self,
+        failed: impl IntoIterator<Item = &'a ReqHandle>,
+        outputs: &mut Vec<RequestOutput>,
+    ) {
+        let mut any_finished = false;
+        for &h in failed {
+            let Some(req) = self.slots.get(h.index()).and_then(Option::as_ref) else {
+                continue;
+            };
+            outputs.push(RequestOutput {
+                handle: h,
+                new_token_ids: NewTokens::default(),
+                finish_reason: Some(FinishReason::Error),
+                num_cached_tokens: req.num_cached_tokens() as u32,
+            });
+            self.finish(h, FinishReason::Error);
+            any_finished = true;
+        }
+        if any_finished {
+            let slots = &self.slots;
+            self.running.retain(|h| slots[h.index()].is_some());
+            self.waiting.retain(|h| slots[h.index()].is_some());
+        }
+    }
 }

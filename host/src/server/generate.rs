@@ -123,6 +123,12 @@ impl Sequence {
             app.metrics.observe_itl(&itls[self.itl_seen..]);
             self.itl_seen = itls.len();
             if let Some(finish) = &delta.finish {
+                if let Some(error) = &finish.error {
+                    // The engine failed this request (a plugin fault): a 500,
+                    // or an error event once a stream's headers are sent.
+                    app.metrics.observe_finished(self.state.metrics(), &finish.finish_reason);
+                    return Some(Err(self.fail(ApiError::internal(error.clone()))));
+                }
                 self.done = true;
                 app.metrics
                     .observe_finished(self.state.metrics(), &finish.finish_reason);

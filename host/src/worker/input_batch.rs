@@ -29,6 +29,9 @@ struct CachedRequestState {
     block_ids: Vec<u32>,
     params: SamplingParams,
     sampler: RequestSampler,
+    /// Failed in an earlier step (a plugin fault): steps scheduled for it
+    /// before the scheduler learnt of it (async scheduling) skip it.
+    failed: bool,
 }
 
 /// The requests of the step being run, in `num_scheduled_tokens` order: which
@@ -38,6 +41,13 @@ pub struct StepPlan {
     /// Each scheduled request and whether it reached the end of its known
     /// tokens this step (a finished prefill or a decode), so it samples.
     rows: Vec<(ReqHandle, bool)>,
+}
+
+impl StepPlan {
+    /// The requests that sample this step, in row order.
+    pub fn sampling_handles(&self) -> impl Iterator<Item = ReqHandle> + '_ {
+        self.rows.iter().filter(|(_, samples)| *samples).map(|(h, _)| *h)
+    }
 }
 
 /// The persistent batch.
@@ -113,6 +123,7 @@ impl InputBatch {
                 block_ids: new.block_ids.clone(),
                 params: new.sampling_params.clone(),
                 sampler,
+                failed: false,
             });
         }
         let cached = &so.scheduled_cached_reqs;
@@ -133,6 +144,9 @@ impl InputBatch {
         let mut plan = StepPlan::default();
         for &(h, n) in &so.num_scheduled_tokens {
             let req = self.get_mut(h)?;
+            if req.failed {
+                continue;
+            }
             let start = req.num_computed_tokens;
             let end = start + n as usize;
             if n == 0 || end > req.token_ids.len() {
@@ -166,6 +180,7 @@ impl InputBatch {
         let mut out = ModelRunnerOutput {
             sampled: Vec::with_capacity(plan.rows.len()),
             logprobs: Vec::with_capacity(plan.rows.len()),
+            failed: Vec::new(),
         };
         for (row, &(h, samples)) in plan.rows.iter().enumerate() {
             if !samples {
@@ -183,6 +198,16 @@ impl InputBatch {
             );
         }
         Ok(out)
+    }
+
+    /// Marks requests as failed: they are not run again, and the scheduler
+    /// finishes them once it reads the failure.
+    pub fn fail(&mut self, handles: impl Iterator<Item = ReqHandle>) {
+        for h in handles {
+            if let Some(req) = self.requests.get_mut(h.index()).and_then(Option::as_mut) {
+                req.failed = true;
+            }
+        }
     }
 
     fn get_mut(&mut self, h: ReqHandle) -> Result<&mut CachedRequestState, BatchError> {

@@ -25,9 +25,27 @@ pub struct ModelRunnerOutput {
     pub sampled: Vec<(ReqHandle, [u32; 1])>,
     /// Parallel to `sampled`: logprobs for the requests that asked for them.
     pub logprobs: Vec<Option<Logprobs>>,
+    /// Requests that could not be sampled this step, with why (a logits
+    /// processor faulted on their rows under `plugins.on_error = "fail"`).
+    /// The scheduler finishes them with an error; the others carry on.
+    #[serde(default)]
+    pub failed: Vec<(ReqHandle, String)>,
 }
 
 impl ModelRunnerOutput {
+    /// A step in which every request of `handles` failed with `message`.
+    pub fn failed(handles: impl Iterator<Item = ReqHandle>, message: &str) -> ModelRunnerOutput {
+        ModelRunnerOutput {
+            failed: handles.map(|h| (h, message.to_string())).collect(),
+            ..ModelRunnerOutput::default()
+        }
+    }
+
+    /// Why `h` failed this step, if it did.
+    pub fn failure_of(&self, h: ReqHandle) -> Option<&str> {
+        self.failed.iter().find(|(f, _)| *f == h).map(|(_, m)| m.as_str())
+    }
+
     /// The logprobs sampled for `h` this step, if it asked for them.
     pub fn logprobs_of(&self, h: ReqHandle) -> Option<&Logprobs> {
         // Only requests that asked carry logprobs, so the scan is skipped
