@@ -201,6 +201,25 @@ pub struct PluginsConfig {
     pub cache: bool,
     /// Where; unset: `$XDG_CACHE_HOME/host/plugins` or `~/.cache/host/plugins`.
     pub cache_dir: Option<PathBuf>,
+    /// Host directories granted to plugins (`[[plugins.grants]]`); a plugin
+    /// sees no filesystem without one.
+    pub grants: Vec<GrantConfig>,
+}
+
+/// `[[plugins.grants]]`: one host directory a plugin may read (and write,
+/// when `writable`), preopened at `guest`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrantConfig {
+    /// The plugin's qualified name, e.g. `"acme:banned-words"`.
+    pub plugin: String,
+    /// The directory on the host.
+    pub dir: PathBuf,
+    /// The absolute path the plugin opens it by, e.g. `"/data"`.
+    pub guest: String,
+    /// Let the plugin create, change and delete files there (default: read-only).
+    #[serde(default)]
+    pub writable: bool,
 }
 
 impl Default for PluginsConfig {
@@ -216,6 +235,7 @@ impl Default for PluginsConfig {
             on_error: "fallback".into(),
             cache: true,
             cache_dir: None,
+            grants: Vec::new(),
         }
     }
 }

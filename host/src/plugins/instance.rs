@@ -123,7 +123,9 @@ impl<W: World> Sandboxed<W> {
             message,
         };
         let rt = &self.runtime;
-        let mut store = rt.new_store();
+        let mut store = rt
+            .new_store_for(&self.name)
+            .map_err(|e| fault("instantiate", format!("{e:#}")))?;
         let deadline = rt.limits().init_deadline;
         let world = rt
             .call(&mut store, deadline, |s| W::instantiate(&self.pre, s))

@@ -107,9 +107,21 @@ pub fn runtime_from_config(config: &PluginsConfig) -> Result<Arc<PluginRuntime>,
             PluginError::Config("memory_limit_mib does not fit this machine".into())
         })?,
     };
+    let grants = config
+        .grants
+        .iter()
+        .map(|g| runtime::Grant {
+            plugin: g.plugin.clone(),
+            dir: g.dir.clone(),
+            guest: g.guest.clone(),
+            writable: g.writable,
+        })
+        .collect();
     PluginRuntime::new(limits, cache_dir(config))
+        .map_err(|e| PluginError::Config(format!("cannot start the WebAssembly engine: {e}")))?
+        .with_grants(grants)
         .map(Arc::new)
-        .map_err(|e| PluginError::Config(format!("cannot start the WebAssembly engine: {e}")))
+        .map_err(PluginError::Config)
 }
 
 /// The scheduling policy `name` (`scheduler.policy`) picks. `auto` is the
@@ -157,11 +169,21 @@ pub fn host_from_config(config: &PluginsConfig) -> Result<PluginHost, PluginErro
         })?;
         options.insert(name.clone(), json);
     }
-    PluginHost::load(
+    let host = PluginHost::load(
         runtime_from_config(config)?,
         &config.paths,
         &config.dirs,
         options,
         on_error,
-    )
+    )?;
+    for grant in &config.grants {
+        if !host.plugins().any(|p| p.name == grant.plugin) {
+            return Err(PluginError::Config(format!(
+                "[[plugins.grants]] names plugin {:?}, but no known plugin has that name; known: {}",
+                grant.plugin,
+                host.names(None)
+            )));
+        }
+    }
+    Ok(host)
 }

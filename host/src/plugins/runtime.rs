@@ -10,6 +10,13 @@
 //! and every call runs under an epoch deadline: a ticker thread advances the
 //! engine's epoch every millisecond while a call is in flight (and sleeps
 //! otherwise, so an idle engine stays idle).
+//!
+//! The one capability the configuration can grant is a directory
+//! (`[[plugins.grants]]`), preopened with cap-std through wasmtime-wasi,
+//! read-only unless `writable`. Its `wasi:filesystem` and `wasi:io`
+//! interfaces are linked for every plugin, but `get-directories`, the only
+//! way to a file descriptor, traps for a plugin without a grant, so an
+//! ungranted plugin sees the same trap as before.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,8 +24,16 @@ use std::sync::Arc;
 use std::thread::Thread;
 use std::time::Duration;
 
-use wasmtime::component::{Component, InstancePre, Linker};
+use wasmtime::component::types::ComponentItem;
+use wasmtime::component::{
+    Component, HasData, InstancePre, Linker, Resource, ResourceTable, ResourceType,
+};
 use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
+use wasmtime_wasi::filesystem::{
+    Descriptor, WasiFilesystem, WasiFilesystemCtxView, WasiFilesystemView,
+};
+use wasmtime_wasi::p2::bindings::{filesystem::preopens, sync as wasi};
+use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::cache;
 
@@ -33,10 +48,97 @@ pub struct Limits {
     pub memory_bytes: usize,
 }
 
-/// What each `Store` carries: its limits.
+/// A host directory granted to one plugin (`[[plugins.grants]]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// The plugin's qualified name.
+    pub plugin: String,
+    /// The directory on the host.
+    pub dir: PathBuf,
+    /// Where the plugin sees it, e.g. `/data`.
+    pub guest: String,
+    /// Whether the plugin may create, change and delete files in it.
+    pub writable: bool,
+}
+
+/// What each `Store` carries: its limits and its WASI state (the granted
+/// directories; empty for most plugins).
 pub struct StoreState {
     limits: StoreLimits,
+    wasi: WasiCtx,
+    table: ResourceTable,
+    /// Whether any directory is granted; without one `get-directories` traps.
+    granted: bool,
 }
+
+impl WasiView for StoreState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// The store's resource table, for the `wasi:io` interfaces.
+struct Io;
+
+impl HasData for Io {
+    type Data<'a> = &'a mut ResourceTable;
+}
+
+/// `wasi:filesystem/preopens` of one store: its granted directories, or a
+/// trap when it has none.
+struct GatedPreopens<'a> {
+    granted: bool,
+    fs: WasiFilesystemCtxView<'a>,
+}
+
+struct Preopens;
+
+impl HasData for Preopens {
+    type Data<'a> = GatedPreopens<'a>;
+}
+
+impl preopens::Host for GatedPreopens<'_> {
+    fn get_directories(&mut self) -> wasmtime::Result<Vec<(Resource<Descriptor>, String)>> {
+        if !self.granted {
+            let import = "wasi:filesystem/preopens#get-directories".to_string();
+            return Err(NotGranted(import).into());
+        }
+        preopens::Host::get_directories(&mut self.fs)
+    }
+}
+
+/// Interfaces linked for real (the environment answers empty; files are
+/// reachable only through a granted directory); every other import traps.
+const LINKED_INTERFACES: &[&str] = &["wasi:io/", "wasi:filesystem/", "wasi:cli/environment@"];
+
+/// The resources [`LINKED_INTERFACES`] define.
+const LINKED_RESOURCES: &[&str] = &[
+    "error",
+    "pollable",
+    "input-stream",
+    "output-stream",
+    "descriptor",
+    "directory-entry-stream",
+];
+
+/// A host capability the sandbox does not grant this plugin.
+#[derive(Debug)]
+struct NotGranted(String);
+
+impl std::fmt::Display for NotGranted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "used {}, a host capability the sandbox does not grant (grant a directory with [[plugins.grants]])",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for NotGranted {}
 
 /// Period of the epoch ticker; deadlines are whole ticks.
 const TICK: Duration = Duration::from_millis(1);
@@ -74,6 +176,7 @@ pub struct PluginRuntime {
     engine: Engine,
     cache_dir: Option<PathBuf>,
     limits: Limits,
+    grants: Vec<Grant>,
     ticker: Ticker,
 }
 
@@ -82,6 +185,7 @@ impl std::fmt::Debug for PluginRuntime {
         f.debug_struct("PluginRuntime")
             .field("cache_dir", &self.cache_dir)
             .field("limits", &self.limits)
+            .field("grants", &self.grants)
             .finish()
     }
 }
@@ -98,8 +202,37 @@ impl PluginRuntime {
             engine,
             cache_dir,
             limits,
+            grants: Vec::new(),
             ticker,
         })
+    }
+
+    /// Grants directories to plugins by name; a directory that cannot be
+    /// opened or a guest path that is not absolute is refused here, naming
+    /// the grant.
+    pub fn with_grants(mut self, grants: Vec<Grant>) -> Result<PluginRuntime, String> {
+        for g in &grants {
+            let name = &g.plugin;
+            if !g.dir.is_dir() {
+                return Err(format!(
+                    "[[plugins.grants]] for {name:?}: dir {} is not a directory on this machine",
+                    g.dir.display()
+                ));
+            }
+            if !g.guest.starts_with('/') {
+                return Err(format!(
+                    "[[plugins.grants]] for {name:?}: guest = {:?} must be an absolute path such as \"/data\"",
+                    g.guest
+                ));
+            }
+        }
+        self.grants = grants;
+        Ok(self)
+    }
+
+    /// The granted directories.
+    pub fn grants(&self) -> &[Grant] {
+        &self.grants
     }
 
     /// The engine.
@@ -139,12 +272,82 @@ impl PluginRuntime {
             env.func_wrap("get-arguments", |_, ()| Ok((Vec::<String>::new(),)))?;
             env.func_wrap("initial-cwd", |_, ()| Ok((None::<String>,)))?;
         }
-        linker.define_unknown_imports_as_traps(component)?;
+        // Files: reachable only through a preopened directory.
+        wasi::io::error::add_to_linker::<StoreState, Io>(&mut linker, |s| &mut s.table)?;
+        wasi::io::poll::add_to_linker::<StoreState, Io>(&mut linker, |s| &mut s.table)?;
+        wasi::io::streams::add_to_linker::<StoreState, Io>(&mut linker, |s| &mut s.table)?;
+        wasi::filesystem::types::add_to_linker::<StoreState, WasiFilesystem>(
+            &mut linker,
+            StoreState::filesystem,
+        )?;
+        preopens::add_to_linker::<StoreState, Preopens>(&mut linker, |s| GatedPreopens {
+            granted: s.granted,
+            fs: s.filesystem(),
+        })?;
+        // Everything else traps. Not `define_unknown_imports_as_traps`: it
+        // would stub `wasi:io/streams@0.2.6` under that exact name, which
+        // shadows the semver-compatible definition linked above.
+        for (name, item) in component.component_type().imports(&self.engine) {
+            let ComponentItem::ComponentInstance(instance) = item.ty else {
+                continue;
+            };
+            if LINKED_INTERFACES.iter().any(|p| name.starts_with(p)) {
+                continue;
+            }
+            let mut stub = linker.instance(name)?;
+            for (export, item) in instance.exports(&self.engine) {
+                match item.ty {
+                    ComponentItem::ComponentFunc(_) => {
+                        let import = format!("{name}#{export}");
+                        stub.func_new(export, move |_, _, _, _| {
+                            Err(wasmtime::Error::msg(format!(
+                                "unknown import: `{import}` has not been defined"
+                            )))
+                        })?;
+                    }
+                    // The linked interfaces' resources are only referred to here.
+                    ComponentItem::Resource(_) if !LINKED_RESOURCES.contains(&export) => {
+                        stub.resource(export, ResourceType::host::<()>(), |_, _| Ok(()))?;
+                    }
+                    _ => {}
+                }
+            }
+        }
         linker.instantiate_pre(component)
     }
 
-    /// A fresh store with the memory limit and a trapping epoch deadline.
+    /// A fresh store with nothing granted, the memory limit and a trapping
+    /// epoch deadline (for reading a plugin's metadata before its name is
+    /// known).
     pub fn new_store(&self) -> Store<StoreState> {
+        self.store_with(WasiCtxBuilder::new().build(), false)
+    }
+
+    /// A fresh store for the plugin `plugin`, with its granted directories
+    /// preopened; fails when a granted directory cannot be opened.
+    pub fn new_store_for(&self, plugin: &str) -> wasmtime::Result<Store<StoreState>> {
+        let mut wasi = WasiCtxBuilder::new();
+        // Calls are synchronous on the caller's thread already.
+        wasi.allow_blocking_current_thread(true);
+        let mut granted = false;
+        for g in self.grants.iter().filter(|g| g.plugin == plugin) {
+            let perms = if g.writable {
+                FsPerms::ReadWrite
+            } else {
+                FsPerms::ReadOnly
+            };
+            wasi.preopened_dir(&g.dir, &g.guest, perms).map_err(|e| {
+                wasmtime::Error::msg(format!(
+                    "cannot open the granted dir {}: {e}",
+                    g.dir.display()
+                ))
+            })?;
+            granted = true;
+        }
+        Ok(self.store_with(wasi.build(), granted))
+    }
+
+    fn store_with(&self, wasi: WasiCtx, granted: bool) -> Store<StoreState> {
         let limits = StoreLimitsBuilder::new()
             .memory_size(self.limits.memory_bytes)
             // A component built by componentize-py (CPython, libc, the WASI
@@ -155,7 +358,13 @@ impl PluginRuntime {
             .table_elements(20_000)
             .trap_on_grow_failure(true)
             .build();
-        let mut store = Store::new(&self.engine, StoreState { limits });
+        let state = StoreState {
+            limits,
+            wasi,
+            table: ResourceTable::new(),
+            granted,
+        };
+        let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
         store.epoch_deadline_trap();
         store
@@ -188,6 +397,9 @@ pub fn describe_fault(err: &wasmtime::Error, limits: &Limits, deadline: Duration
             "exceeded its deadline of {} ms and was interrupted",
             deadline.as_millis()
         );
+    }
+    if let Some(not_granted) = err.root_cause().downcast_ref::<NotGranted>() {
+        return not_granted.to_string();
     }
     let root = err.root_cause().to_string();
     if let Some(import) = root.strip_prefix("unknown import: ") {
