@@ -60,7 +60,7 @@ fn policies_resolve_by_qualified_name() {
     let info = host.plugins().next().unwrap();
     assert_eq!(
         (info.version.as_str(), info.wit_version.as_str()),
-        ("0.1.0", "engine:plugins@0.1.0")
+        ("0.1.0", "engine:plugins@0.2.0")
     );
     assert_eq!(info.options[0].name, "max_wait_s");
 
@@ -159,7 +159,7 @@ fn wrong_kind_and_newer_wit_are_refused_with_both_sides_named() {
         .to_string();
     assert!(
         err.contains("future_wit.wasm")
-            && err.contains("built against engine:plugins@0.2.0")
+            && err.contains("built against engine:plugins@0.9.0")
             && err.contains("supports engine:plugins@0.1.x"),
         "{err}"
     );
@@ -339,7 +339,7 @@ fn host_plugin_list_and_inspect_print_what_plugins_declare() {
         plugin("future_wit").as_os_str(),
     ]);
     assert!(
-        !ok && stderr.contains("built against engine:plugins@0.2.0"),
+        !ok && stderr.contains("built against engine:plugins@0.9.0"),
         "{stderr}"
     );
 }

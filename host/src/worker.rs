@@ -15,12 +15,14 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
+mod host_api;
 mod input_batch;
 mod output;
 pub mod proc;
 mod registry;
 mod rpc;
 
+pub use host_api::LentModel;
 pub use output::{Logprobs, ModelRunnerOutput};
 pub use registry::{DuplicateMethod, Handler, WorkerMethods};
 pub use rpc::{RpcReply, RpcRequest, RpcValue};
@@ -116,6 +118,9 @@ pub struct Worker {
     pool: Option<Arc<ThreadPool>>,
     /// The model runner, after `load_model`.
     runner: Option<CpuModelRunner>,
+    /// The weights the runner was prepared from (memory-mapped), kept for
+    /// worker extensions to read and update (`host_api.rs`).
+    weights: Option<crate::model::ModelWeights>,
     /// Whether the KV cache is allocated.
     kv_ready: bool,
     /// The requests the scheduler is running, kept across steps.
@@ -145,6 +150,7 @@ impl Worker {
             config,
             pool: None,
             runner: None,
+            weights: None,
             kv_ready: false,
             input_batch,
             step_input: ModelInput::default(),
@@ -188,6 +194,7 @@ impl Worker {
             matmul_path: MatmulPath::Auto,
         };
         self.runner = Some(CpuModelRunner::new(&weights, pool, limits)?);
+        self.weights = Some(weights);
         self.kv_ready = false;
         Ok(())
     }

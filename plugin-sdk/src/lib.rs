@@ -1,14 +1,16 @@
-//! The plugin SDK for the `host` engine: write a scheduling policy or a logits
-//! processor as plain Rust, export it with one macro, build it with
+//! The plugin SDK for the `host` engine: write a scheduling policy, a logits
+//! processor or a worker extension as plain Rust, export it with one macro, build it with
 //! `cargo build --release --target wasm32-wasip2`, and load the `.wasm` with
 //! `host --plugin FILE.wasm`.
 //!
-//! The SDK hides the WIT bindings (`wit/v0.1.0/plugins.wit`, package
-//! `engine:plugins@0.1.0`): a plugin implements a trait
-//! ([`policy::SchedulingPolicy`] or [`logits_processor::LogitsProcessor`])
+//! The SDK hides the WIT bindings (`wit/v0.2.0/plugins.wit`, package
+//! `engine:plugins@0.2.0`): a plugin implements a trait
+//! ([`policy::SchedulingPolicy`], [`logits_processor::LogitsProcessor`] or
+//! [`worker_extension::WorkerExtension`])
 //! whose methods take and return ordinary Rust values, so its logic is
 //! unit-testable natively with `cargo test`. Enable the cargo feature of the
-//! one kind the plugin is (`policy` or `logits-processor`).
+//! one kind the plugin is (`policy`, `logits-processor` or
+//! `worker-extension`).
 //!
 //! ```ignore
 //! use plugin_sdk::policy::{Metadata, SchedulingPolicy, WaitingQueue};
@@ -33,9 +35,11 @@ pub mod logits_processor;
 pub mod policy;
 #[doc(hidden)]
 pub mod state;
+#[cfg(feature = "worker-extension")]
+pub mod worker_extension;
 
 /// The WIT package version this SDK builds plugins against.
-pub const WIT_VERSION: &str = "0.1.0";
+pub const WIT_VERSION: &str = "0.2.0";
 
 /// One option a plugin accepts in its `options` JSON object (shown by
 /// `host plugin inspect`).

@@ -4,8 +4,8 @@
 #[doc(hidden)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../wit/v0.1.0",
-        world: "engine:plugins/logits-processor-plugin@0.1.0",
+        path: "../wit/v0.2.0",
+        world: "engine:plugins/logits-processor-plugin@0.2.0",
         pub_export_macro: true,
         export_macro_name: "__export_logits_processor_world",
         default_bindings_module: "plugin_sdk::logits_processor::bindings",

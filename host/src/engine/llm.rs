@@ -96,6 +96,24 @@ impl Llm {
         &self.core
     }
 
+    /// Calls `method` on every worker with `args` (vLLM's
+    /// `LLM.collective_rpc`), e.g. a worker extension's
+    /// `"engine:weight-tools.stats"`; the replies in rank order.
+    pub fn collective_rpc(
+        &mut self,
+        method: &str,
+        args: Option<serde_json::Value>,
+    ) -> Result<Vec<serde_json::Value>, String> {
+        let mut call = serde_json::json!({ "method": method });
+        if let Some(args) = args {
+            call["args"] = args;
+        }
+        match self.core.call_utility("collective_rpc", call)? {
+            serde_json::Value::Array(replies) => Ok(replies),
+            other => Err(format!("collective_rpc returned {other} instead of a list of replies")),
+        }
+    }
+
     /// The prompt's token ids.
     pub fn encode(&self, prompt: &Prompt) -> anyhow::Result<Vec<u32>> {
         Ok(match prompt {

@@ -37,7 +37,7 @@ pub enum PluginError {
     },
     /// The component was built against a WIT version this host does not
     /// speak.
-    #[error("plugin {path}: built against {built_against}, but this host supports {supported}; rebuild it with a plugin-sdk for {supported}")]
+    #[error("plugin {path}: built against {built_against}, but this host supports {supported}; rebuild it with the plugin-sdk of this host (it builds against the newest version)")]
     IncompatibleVersion {
         /// The file.
         path: PathBuf,

@@ -32,41 +32,41 @@ pub trait World: Sized + Send + 'static {
     ) -> wasmtime::Result<Result<(), String>>;
 }
 
-impl World for bindings::policy::SchedulingPolicyPlugin {
-    type Pre = bindings::policy::SchedulingPolicyPluginPre<StoreState>;
-    fn pre(pre: InstancePre<StoreState>) -> wasmtime::Result<Self::Pre> {
-        Self::Pre::new(pre)
-    }
-    fn instantiate(pre: &Self::Pre, store: &mut Store<StoreState>) -> wasmtime::Result<Self> {
-        pre.instantiate(store)
-    }
-    fn init(
-        &self,
-        store: &mut Store<StoreState>,
-        options: &str,
-    ) -> wasmtime::Result<Result<(), String>> {
-        self.engine_plugins_scheduling_policy()
-            .call_init(store, options)
-    }
+/// Implements [`World`] for a world type of [`bindings`] that has `Pre`,
+/// `instantiate` and `init` of its own (every version behind one type).
+macro_rules! world {
+    ($world:ty, $pre:ty) => {
+        impl World for $world {
+            type Pre = $pre;
+            fn pre(pre: InstancePre<StoreState>) -> wasmtime::Result<Self::Pre> {
+                <$pre>::new(pre)
+            }
+            fn instantiate(pre: &Self::Pre, store: &mut Store<StoreState>) -> wasmtime::Result<Self> {
+                pre.instantiate(store)
+            }
+            fn init(
+                &self,
+                store: &mut Store<StoreState>,
+                options: &str,
+            ) -> wasmtime::Result<Result<(), String>> {
+                <$world>::init(self, store, options)
+            }
+        }
+    };
 }
 
-impl World for bindings::processor::LogitsProcessorPlugin {
-    type Pre = bindings::processor::LogitsProcessorPluginPre<StoreState>;
-    fn pre(pre: InstancePre<StoreState>) -> wasmtime::Result<Self::Pre> {
-        Self::Pre::new(pre)
-    }
-    fn instantiate(pre: &Self::Pre, store: &mut Store<StoreState>) -> wasmtime::Result<Self> {
-        pre.instantiate(store)
-    }
-    fn init(
-        &self,
-        store: &mut Store<StoreState>,
-        options: &str,
-    ) -> wasmtime::Result<Result<(), String>> {
-        self.engine_plugins_logits_processor()
-            .call_init(store, options)
-    }
-}
+world!(
+    bindings::policy::SchedulingPolicyPlugin,
+    bindings::policy::SchedulingPolicyPluginPre
+);
+world!(
+    bindings::processor::LogitsProcessorPlugin,
+    bindings::processor::LogitsProcessorPluginPre
+);
+world!(
+    bindings::extension::WorkerExtensionPlugin,
+    bindings::extension::WorkerExtensionPluginPre
+);
 
 /// A live instance of one plugin.
 pub struct Sandboxed<W: World> {

@@ -1,7 +1,8 @@
-//! WebAssembly plugins (the wasm host): scheduling policies and logits
-//! processors written against `wit/plugins.wit` (package
-//! `engine:plugins@0.1.0`), run on wasmtime's component model in a sandbox,
-//! and resolved by the qualified name they declare.
+//! WebAssembly plugins (the wasm host): scheduling policies, logits
+//! processors and worker extensions written against the WIT package
+//! `engine:plugins` (`wit/v0.1.0`, `wit/v0.2.0`; the host accepts both), run
+//! on wasmtime's component model in a sandbox, and resolved by the qualified
+//! name they declare.
 //!
 //! - [`runtime`]: one `Engine`, the sandbox (no imports granted, memory
 //!   limit, per-call epoch deadline) and the compiled-component cache
@@ -12,6 +13,10 @@
 //!   fault.
 //! - [`policy`] / [`processor`]: the two kinds behind the scheduler's
 //!   policy seam and the worker's sampler.
+//! - [`extension`]: worker extensions, their methods registered in the
+//!   worker's `collective_rpc` registry, and the host API they import.
+//! - `bindings`: every supported WIT version's bindings behind one type per
+//!   kind.
 //!
 //! Plugins are called from the scheduler and the worker, never the other
 //! way round; `docs/plugins.md` tells a plugin author how to write one.
@@ -19,6 +24,7 @@
 mod bindings;
 mod cache;
 mod error;
+pub mod extension;
 pub mod instance;
 pub mod policy;
 pub mod processor;
@@ -43,6 +49,12 @@ pub enum PluginKind {
     SchedulingPolicy,
     /// Edits logits before sampling (`plugins.logits_processors`).
     LogitsProcessor,
+    /// Methods `collective_rpc` reaches as `<name>.<method>`
+    /// (`worker.extension`); WIT 0.2 and later.
+    WorkerExtension,
+    /// Picks each row's token among the host's top-k candidates; WIT 0.2
+    /// and later.
+    Sampler,
 }
 
 impl std::fmt::Display for PluginKind {
@@ -50,6 +62,8 @@ impl std::fmt::Display for PluginKind {
         f.write_str(match self {
             PluginKind::SchedulingPolicy => "scheduling policy",
             PluginKind::LogitsProcessor => "logits processor",
+            PluginKind::WorkerExtension => "worker extension",
+            PluginKind::Sampler => "sampler",
         })
     }
 }
@@ -155,6 +169,16 @@ pub fn scheduling_policy(
             many.join(", ")
         ))),
     })
+}
+
+/// The plugins the `[plugins]` settings make known, under the worker
+/// extensions' limits (`extension_deadline_ms`, `extension_memory_limit_mib`).
+pub fn extension_host_from_config(config: &PluginsConfig) -> Result<PluginHost, PluginError> {
+    let mut limits = config.clone();
+    limits.deadline_ms = config.extension_deadline_ms;
+    limits.init_deadline_ms = config.init_deadline_ms.max(config.extension_deadline_ms);
+    limits.memory_limit_mib = config.extension_memory_limit_mib;
+    host_from_config(&limits)
 }
 
 /// Loads every plugin the `[plugins]` settings make known.

@@ -13,8 +13,9 @@ use std::sync::Arc;
 use wasmtime::component::types::ComponentItem;
 use wasmtime::component::Component;
 
-use super::bindings::{policy, processor};
+use super::bindings::{self, extension, policy, processor};
 use super::instance::{Sandboxed, World};
+use super::extension::WorkerExtension;
 use super::policy::WasmPolicy;
 use super::processor::LogitsProcessors;
 use super::runtime::{describe_fault, PluginRuntime};
@@ -23,8 +24,9 @@ use crate::scheduler::policy::{builtin_policy, SchedulingPolicy, BUILTIN_POLICIE
 
 /// The WIT package this host implements, and the versions it accepts.
 pub const WIT_PACKAGE: &str = "engine:plugins";
-/// The accepted versions of [`WIT_PACKAGE`] (any patch of this minor).
-pub const SUPPORTED_WIT: &str = "engine:plugins@0.1.x";
+/// The accepted versions of [`WIT_PACKAGE`] (any patch of these minors;
+/// `wit/v<minor>` holds each).
+pub const SUPPORTED_WIT: &str = "engine:plugins@0.1.x and @0.2.x";
 
 /// One option a plugin accepts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +62,9 @@ pub struct PluginInfo {
 enum Linked {
     Policy(Arc<<policy::SchedulingPolicyPlugin as World>::Pre>),
     Processor(Arc<<processor::LogitsProcessorPlugin as World>::Pre>),
+    Extension(Arc<<extension::WorkerExtensionPlugin as World>::Pre>),
+    /// Known (listed, inspected); the sampler's host side instantiates it.
+    Sampler,
 }
 
 /// The known plugins and the runtime they run in.
@@ -85,10 +90,10 @@ fn split_export(name: &str) -> Option<(&str, &str)> {
     rest.split_once('@')
 }
 
-/// True for `0.1.x`.
+/// True for `0.1.x` and `0.2.x`.
 fn version_supported(version: &str) -> bool {
     let mut parts = version.split('.');
-    parts.next() == Some("0") && parts.next() == Some("1")
+    parts.next() == Some("0") && matches!(parts.next(), Some("1" | "2"))
 }
 
 /// A qualified name: `namespace:name`, each part non-empty lowercase
@@ -100,27 +105,6 @@ pub fn is_qualified_name(name: &str) -> bool {
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
     };
     matches!(name.split_once(':'), Some((ns, n)) if part(ns) && part(n))
-}
-
-macro_rules! read_metadata {
-    ($path:expr, $meta:expr, $kinds:path) => {{
-        use $kinds as k;
-        let m = $meta;
-        let kind = match m.kind {
-            k::PluginKind::SchedulingPolicy => PluginKind::SchedulingPolicy,
-            k::PluginKind::LogitsProcessor => PluginKind::LogitsProcessor,
-        };
-        let options = m
-            .options
-            .into_iter()
-            .map(|o| OptionInfo {
-                name: o.name,
-                description: o.description,
-                default_json: o.default_json,
-            })
-            .collect::<Vec<_>>();
-        (m.name, m.version, kind, options)
-    }};
 }
 
 impl PluginHost {
@@ -222,37 +206,57 @@ impl PluginHost {
                 describe_fault(&e, rt.limits(), deadline)
             ))
         };
+        // Instantiates the kind's world (every WIT version behind one type)
+        // and asks for its metadata.
+        macro_rules! metadata_of {
+            ($world:ty) => {{
+                let pre = <$world as World>::pre(pre).map_err(compile)?;
+                let m = rt
+                    .call(&mut store, deadline, |s| {
+                        <$world as World>::instantiate(&pre, s)?.metadata(s)
+                    })
+                    .map_err(fault)?;
+                (m, pre)
+            }};
+        }
         let (meta, linked) = match kind {
             PluginKind::SchedulingPolicy => {
-                let pre = policy::SchedulingPolicyPlugin::pre(pre).map_err(compile)?;
-                let m = rt
-                    .call(&mut store, deadline, |s| {
-                        <policy::SchedulingPolicyPlugin as World>::instantiate(&pre, s)?
-                            .engine_plugins_scheduling_policy()
-                            .call_metadata(s)
-                    })
-                    .map_err(fault)?;
-                (
-                    read_metadata!(path, m, policy::engine::plugins::types),
-                    Linked::Policy(Arc::new(pre)),
-                )
+                let (m, pre) = metadata_of!(policy::SchedulingPolicyPlugin);
+                (m, Linked::Policy(Arc::new(pre)))
             }
             PluginKind::LogitsProcessor => {
-                let pre = processor::LogitsProcessorPlugin::pre(pre).map_err(compile)?;
+                let (m, pre) = metadata_of!(processor::LogitsProcessorPlugin);
+                (m, Linked::Processor(Arc::new(pre)))
+            }
+            PluginKind::WorkerExtension => {
+                let (m, pre) = metadata_of!(extension::WorkerExtensionPlugin);
+                (m, Linked::Extension(Arc::new(pre)))
+            }
+            PluginKind::Sampler => {
+                let pre = bindings::sampler::SamplerPluginPre::new(pre).map_err(compile)?;
                 let m = rt
                     .call(&mut store, deadline, |s| {
-                        <processor::LogitsProcessorPlugin as World>::instantiate(&pre, s)?
-                            .engine_plugins_logits_processor()
-                            .call_metadata(s)
+                        let plugin = pre.instantiate(&mut *s)?;
+                        bindings::sampler::metadata(&plugin, s)
                     })
                     .map_err(fault)?;
-                (
-                    read_metadata!(path, m, processor::engine::plugins::types),
-                    Linked::Processor(Arc::new(pre)),
-                )
+                (m, Linked::Sampler)
             }
         };
-        let (name, version, declared, options) = meta;
+        let bindings::Metadata {
+            name,
+            version,
+            kind: declared,
+            options,
+        } = meta;
+        let options = options
+            .into_iter()
+            .map(|(name, description, default_json)| OptionInfo {
+                name,
+                description,
+                default_json,
+            })
+            .collect();
         if !is_qualified_name(&name) {
             return Err(bad(format!(
                 "name {name:?} is not `namespace:name` (lowercase letters, digits, `-`)"
@@ -308,6 +312,8 @@ impl PluginHost {
         let kind = match interface.as_str() {
             "scheduling-policy" => PluginKind::SchedulingPolicy,
             "logits-processor" => PluginKind::LogitsProcessor,
+            "worker-extension" => PluginKind::WorkerExtension,
+            "sampler" => PluginKind::Sampler,
             other => {
                 return Err(PluginError::NotAPlugin {
                     path: path.to_path_buf(),
@@ -322,7 +328,7 @@ impl PluginHost {
     pub fn names(&self, kind: Option<PluginKind>) -> String {
         let builtins = match kind {
             Some(PluginKind::SchedulingPolicy) | None => BUILTIN_POLICIES.to_vec(),
-            Some(PluginKind::LogitsProcessor) => Vec::new(),
+            Some(_) => Vec::new(),
         };
         let plugins = self
             .plugins()
@@ -393,6 +399,22 @@ impl PluginHost {
         Ok(WasmPolicy::new(plugin, self.on_error))
     }
 
+    /// The worker extension named `name` (`worker.extension`),
+    /// instantiated and initialised with its options.
+    pub fn worker_extension(&self, name: &str) -> Result<WorkerExtension, PluginError> {
+        let (info, linked) = self.find("worker.extension", name, PluginKind::WorkerExtension)?;
+        let Linked::Extension(pre) = linked else {
+            unreachable!("find checked the kind")
+        };
+        let plugin = Sandboxed::new(
+            &info.name,
+            self.options_of(name),
+            self.runtime.clone(),
+            pre.clone(),
+        )?;
+        WorkerExtension::new(plugin)
+    }
+
     /// The logits processors named in `names`, in order; `None` when the
     /// list is empty.
     pub fn logits_processors(
@@ -435,8 +457,10 @@ mod tests {
         );
         assert_eq!(split_export("wasi:cli/run@0.2.0"), None);
         assert!(version_supported("0.1.0") && version_supported("0.1.7"));
+        assert!(version_supported("0.2.0") && version_supported("0.2.3"));
         assert!(
-            !version_supported("0.2.0")
+            !version_supported("0.3.0")
+                && !version_supported("0.9.0")
                 && !version_supported("1.1.0")
                 && !version_supported("0.10.0")
         );

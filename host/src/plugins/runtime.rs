@@ -69,6 +69,9 @@ pub struct StoreState {
     table: ResourceTable,
     /// Whether any directory is granted; without one `get-directories` traps.
     granted: bool,
+    /// The worker lent to a worker extension for the duration of one call
+    /// (`super::extension`); `None` otherwise, when `host-api` traps.
+    pub(super) host_api: Option<Box<dyn super::extension::HostApi>>,
 }
 
 impl WasiView for StoreState {
@@ -112,7 +115,12 @@ impl preopens::Host for GatedPreopens<'_> {
 
 /// Interfaces linked for real (the environment answers empty; files are
 /// reachable only through a granted directory); every other import traps.
-const LINKED_INTERFACES: &[&str] = &["wasi:io/", "wasi:filesystem/", "wasi:cli/environment@"];
+const LINKED_INTERFACES: &[&str] = &[
+    "wasi:io/",
+    "wasi:filesystem/",
+    "wasi:cli/environment@",
+    "engine:plugins/host-api@",
+];
 
 /// The resources [`LINKED_INTERFACES`] define.
 const LINKED_RESOURCES: &[&str] = &[
@@ -284,6 +292,9 @@ impl PluginRuntime {
             granted: s.granted,
             fs: s.filesystem(),
         })?;
+        // The worker's API for worker extensions: it traps outside an
+        // extension's call, when no worker is lent (`super::extension`).
+        super::bindings::extension::add_host_api(&mut linker)?;
         // Everything else traps. Not `define_unknown_imports_as_traps`: it
         // would stub `wasi:io/streams@0.2.6` under that exact name, which
         // shadows the semver-compatible definition linked above.
@@ -363,6 +374,7 @@ impl PluginRuntime {
             wasi,
             table: ResourceTable::new(),
             granted,
+            host_api: None,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);

@@ -162,7 +162,9 @@ pub fn executor_for(
     match config.parallel.distributed_executor_backend.as_str() {
         "uni" => {
             let worker_config = crate::worker::proc::worker_config(config, eos_token_id)?;
-            Ok(Box::new(UniProcExecutor::start(worker_config)?))
+            let mut executor = UniProcExecutor::start(worker_config)?;
+            crate::plugins::extension::register(config, executor.methods_mut())?;
+            Ok(Box::new(executor))
         }
         "mp" => {
             let world_size = config.parallel.tensor_parallel_size;
