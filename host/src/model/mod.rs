@@ -14,6 +14,7 @@ pub mod gguf;
 mod load;
 pub mod quant;
 pub mod safetensors;
+pub mod shard;
 
 use std::sync::Arc;
 
