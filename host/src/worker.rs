@@ -15,18 +15,17 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
-mod host_api;
 mod input_batch;
 mod output;
 pub mod proc;
 mod registry;
 mod rpc;
 
-pub use host_api::LentModel;
 pub use output::{Logprobs, ModelRunnerOutput};
 pub use registry::{DuplicateMethod, Handler, WorkerMethods};
 pub use rpc::{RpcReply, RpcRequest, RpcValue};
 
+use crate::distributed::AllReduceGroup;
 use crate::kernels::{MatmulPath, ThreadPool};
 use crate::scheduler::SchedulerOutput;
 use input_batch::{BatchError, InputBatch, StepPlan};
@@ -118,9 +117,8 @@ pub struct Worker {
     pool: Option<Arc<ThreadPool>>,
     /// The model runner, after `load_model`.
     runner: Option<CpuModelRunner>,
-    /// The weights the runner was prepared from (memory-mapped), kept for
-    /// worker extensions to read and update (`host_api.rs`).
-    weights: Option<crate::model::ModelWeights>,
+    /// The tensor-parallel group this worker is a rank of, if any.
+    all_reduce: Option<Arc<AllReduceGroup>>,
     /// Whether the KV cache is allocated.
     kv_ready: bool,
     /// The requests the scheduler is running, kept across steps.
@@ -150,7 +148,7 @@ impl Worker {
             config,
             pool: None,
             runner: None,
-            weights: None,
+            all_reduce: None,
             kv_ready: false,
             input_batch,
             step_input: ModelInput::default(),
@@ -169,6 +167,12 @@ impl Worker {
         tracing::info!(threads = self.config.num_threads, features = %cpu_features(), "worker: CPU device");
         self.pool = Some(Arc::new(ThreadPool::new(self.config.num_threads)));
         Ok(())
+    }
+
+    /// Makes this worker one rank of a tensor-parallel group (before
+    /// `load_model`, which then loads only the rank's shard).
+    pub fn set_tensor_parallel(&mut self, group: Arc<AllReduceGroup>) {
+        self.all_reduce = Some(group);
     }
 
     /// Loads the weights and prepares them for the kernels.
@@ -193,8 +197,7 @@ impl Worker {
             block_size: self.config.block_size,
             matmul_path: MatmulPath::Auto,
         };
-        self.runner = Some(CpuModelRunner::new(&weights, pool, limits)?);
-        self.weights = Some(weights);
+        self.runner = Some(CpuModelRunner::new_rank(&weights, pool, limits, self.all_reduce.clone())?);
         self.kv_ready = false;
         Ok(())
     }

@@ -14,8 +14,9 @@ use super::kv_cache::{KvCache, KvCacheShape};
 use super::layer::{norm_weight, weight_matrix, Layer, StepCtx};
 use super::scratch::Scratch;
 use super::{Logits, RunnerError};
+use crate::distributed::AllReduceGroup;
 use crate::kernels::{matmul_with, rms_norm, MatmulPath, RopeTable, ThreadPool, WeightMatrix};
-use crate::model::{check, LlamaConfig, ModelWeights};
+use crate::model::{check, shard, LlamaConfig, ModelWeights};
 
 /// Limits of the steps a runner accepts, and how it computes them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,6 +58,8 @@ pub struct CpuModelRunner {
     last_hidden: Vec<f32>,
     /// The paged KV cache, once allocated.
     kv: Option<KvCache>,
+    /// The tensor-parallel group, when the weights are one rank's shard.
+    all_reduce: Option<Arc<AllReduceGroup>>,
 }
 
 impl CpuModelRunner {
@@ -105,11 +108,34 @@ impl CpuModelRunner {
             )?,
             last_hidden: vec![0.0; limits.max_num_batched_tokens * c.hidden_size],
             kv: None,
+            all_reduce: None,
             pool,
         })
     }
 
-    /// The model's hyper-parameters.
+    /// The runner of one tensor-parallel rank: prepares `group`'s rank's
+    /// shard of `weights` (see [`crate::model::shard`]) and all-reduces the
+    /// row-parallel projections across the group; with no group, the whole
+    /// model ([`CpuModelRunner::new`]). Every rank must then run the same
+    /// steps in the same order. A group size that does not divide the model
+    /// is refused, naming the sizes that work.
+    pub fn new_rank(
+        weights: &ModelWeights,
+        pool: Arc<ThreadPool>,
+        limits: RunnerConfig,
+        group: Option<Arc<AllReduceGroup>>,
+    ) -> Result<CpuModelRunner, RunnerError> {
+        let Some(group) = group else {
+            return CpuModelRunner::new(weights, pool, limits);
+        };
+        let rank_weights = shard::shard(weights, group.rank(), group.world_size())?;
+        let mut runner = CpuModelRunner::new(&rank_weights, pool, limits)?;
+        runner.all_reduce = Some(group);
+        Ok(runner)
+    }
+
+    /// The model's hyper-parameters (of this rank's shard: its share of
+    /// the heads and of the MLP width, under tensor parallelism).
     pub fn model_config(&self) -> &LlamaConfig {
         &self.config
     }
@@ -141,42 +167,6 @@ impl CpuModelRunner {
         Ok(())
     }
 
-    /// Prepares again what the tensor `name` of `weights` feeds (its layer,
-    /// the embedding, the final norm or the LM head) after it changed, so
-    /// the next step uses it (vLLM's `update_weights`). The KV cache is
-    /// kept: entries written with the old weights stay until overwritten.
-    pub fn reload_weight(&mut self, weights: &ModelWeights, name: &str) -> Result<(), RunnerError> {
-        if name == weights.embed.name {
-            self.embed = weight_matrix(&weights.embed)?;
-        } else if name == weights.final_norm.name {
-            self.final_norm = norm_weight(&weights.final_norm);
-        } else if let Some(head) = weights.lm_head.as_ref().filter(|h| h.name == name) {
-            self.lm_head = Some(weight_matrix(head)?);
-        } else {
-            let Some(i) = weights.layers.iter().position(|l| {
-                [
-                    &l.attn_norm,
-                    &l.wq,
-                    &l.wk,
-                    &l.wv,
-                    &l.wo,
-                    &l.ffn_norm,
-                    &l.w_gate,
-                    &l.w_up,
-                    &l.w_down,
-                ]
-                .iter()
-                .any(|t| t.name == name)
-            }) else {
-                return Err(RunnerError::Config(format!(
-                    "no weight named `{name}` to reload"
-                )));
-            };
-            self.layers[i] = Layer::new(&weights.layers[i])?;
-        }
-        Ok(())
-    }
-
     /// The KV cache, once allocated.
     pub fn kv_cache(&self) -> Option<&KvCache> {
         self.kv.as_ref()
@@ -197,6 +187,7 @@ impl CpuModelRunner {
             scratch: s,
             last_hidden,
             kv,
+            all_reduce,
         } = self;
         let cache = kv.as_mut().ok_or(RunnerError::NoKvCache)?;
         input.validate(&Limits {
@@ -237,9 +228,10 @@ impl CpuModelRunner {
             rope,
             block_tables: &block_tables,
             positions: &input.positions,
+            all_reduce: all_reduce.as_deref(),
         };
         for (i, layer) in layers.iter().enumerate() {
-            layer.forward(i, &ctx, s, cache);
+            layer.forward(i, &ctx, s, cache)?;
         }
         let ns = s.spans.len();
         for (span, out) in s.spans.iter().zip(last_hidden.chunks_exact_mut(hid)) {

@@ -7,6 +7,7 @@ use super::attention::{paged_attention, AttnArgs, AttnDims};
 use super::kv_cache::KvCache;
 use super::scratch::Scratch;
 use super::RunnerError;
+use crate::distributed::AllReduceGroup;
 use crate::kernels::{
     matmul_with, rms_norm, silu_mul, MatmulPath, RopeTable, ThreadPool, WeightMatrix,
 };
@@ -114,12 +115,22 @@ pub(crate) struct StepCtx<'a> {
     pub block_tables: &'a [&'a [u32]],
     /// The position of each token.
     pub positions: &'a [u32],
+    /// The tensor-parallel group that completes the row-parallel
+    /// projections' partial sums; `None` on a single rank.
+    pub all_reduce: Option<&'a AllReduceGroup>,
 }
 
 impl Layer {
     /// Runs the block over the step's `n` tokens: reads and updates the
-    /// residual stream `s.h`, writes this layer's K/V into `cache`.
-    pub fn forward(&self, layer: usize, ctx: &StepCtx<'_>, s: &mut Scratch, cache: &mut KvCache) {
+    /// residual stream `s.h`, writes this layer's K/V into `cache`. Fails
+    /// only when the tensor-parallel all-reduce does.
+    pub fn forward(
+        &self,
+        layer: usize,
+        ctx: &StepCtx<'_>,
+        s: &mut Scratch,
+        cache: &mut KvCache,
+    ) -> Result<(), RunnerError> {
         let n = ctx.positions.len();
         let (hid, d) = (ctx.hidden, ctx.dims);
         let (qw, kvw) = (d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim);
@@ -151,6 +162,7 @@ impl Layer {
         paged_attention(ctx.pool, d, &args, attn, &mut s.scores);
         let proj = &mut s.proj[..n * hid];
         matmul_with(ctx.pool, &self.wo, attn, n, proj, ctx.path);
+        reduce(ctx, proj)?;
         let h = &mut s.h[..n * hid];
         add_into(h, proj);
 
@@ -170,7 +182,9 @@ impl Layer {
             gu.copy_within(2 * t * ff..2 * t * ff + ff, t * ff);
         }
         matmul_with(ctx.pool, &self.w_down, &gu[..n * ff], n, proj, ctx.path);
+        reduce(ctx, proj)?;
         add_into(h, proj);
+        Ok(())
     }
 
     /// Writes every token's K and V to its slot (positions were validated
@@ -201,6 +215,15 @@ impl Layer {
             }
         }
         debug_assert_eq!(s.spans.iter().map(|sp| sp.query_len).sum::<usize>(), n);
+    }
+}
+
+/// Sums a row-parallel projection's partial results over the ranks (a
+/// no-op on a single rank).
+fn reduce(ctx: &StepCtx<'_>, partial: &mut [f32]) -> Result<(), RunnerError> {
+    match ctx.all_reduce {
+        Some(group) => Ok(group.all_reduce_sum(partial)?),
+        None => Ok(()),
     }
 }
 

@@ -22,6 +22,7 @@ pub use input::{ModelInput, SeqInput};
 pub(crate) use input::Limits as InputLimits;
 pub use kv_cache::{KvCache, KvCacheShape};
 
+use crate::distributed::AllReduceError;
 use crate::kernels::KernelError;
 
 /// Logits of the last query token of each sequence of a step, row-major
@@ -85,4 +86,10 @@ pub enum RunnerError {
     /// The batch is malformed (lengths, positions, ids, block tables).
     #[error("invalid model input: {0}")]
     Input(String),
+    /// The tensor-parallel all-reduce failed (a peer rank died or stalled).
+    #[error(transparent)]
+    AllReduce(#[from] AllReduceError),
+    /// The weights cannot be sharded into the tensor-parallel group.
+    #[error(transparent)]
+    Shard(#[from] crate::model::shard::ShardError),
 }

@@ -26,6 +26,7 @@ use super::registry::WorkerMethods;
 use super::rpc::{RpcReply, RpcRequest};
 use super::{Worker, WorkerConfig};
 use crate::config::EngineConfig;
+use crate::distributed::{AllReduceGroup, AllReduceHandle};
 use crate::message_queue::{Handle, MessageQueue, QueueConfig, QueueError};
 
 /// What the parent sends a worker process on its stdin.
@@ -43,6 +44,8 @@ pub struct Bootstrap {
     pub rpc_handle: Handle,
     /// How long to wait for the parent to attach to the response queue.
     pub attach_timeout: Duration,
+    /// The tensor-parallel all-reduce group, when `world_size > 1`.
+    pub all_reduce: Option<AllReduceHandle>,
 }
 
 /// What a worker process answers on its stdout once started.
@@ -69,7 +72,8 @@ pub fn worker_config(
         model: config.model.path.clone(),
         load_format: config.model.load_format,
         num_threads: match config.worker.num_threads {
-            0 => default_threads(),
+            // Tensor-parallel ranks share the cores.
+            0 => (default_threads() / config.parallel.tensor_parallel_size.max(1)).max(1),
             n => n,
         },
         kv_cache_memory_bytes: usize::try_from(config.cache.kv_cache_memory_bytes)
@@ -81,7 +85,8 @@ pub fn worker_config(
     })
 }
 
-/// Threads for `worker.num_threads = 0`: every core.
+/// Every core: `worker.num_threads = 0` gives each tensor-parallel rank its
+/// share of them.
 pub fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
@@ -105,7 +110,7 @@ pub fn run() -> anyhow::Result<()> {
         .context("starting the death-pipe watcher")?;
     let started = start(&boot);
     let message = match &started {
-        Ok((_, _, response, _)) => ReadyMessage::Ready {
+        Ok((_, _, response)) => ReadyMessage::Ready {
             response_handle: response.export_handle(),
         },
         Err(e) => ReadyMessage::Failed {
@@ -116,24 +121,29 @@ pub fn run() -> anyhow::Result<()> {
     writeln!(out, "{}", serde_json::to_string(&message)?)?;
     out.flush()?;
     drop(out);
-    let (mut worker, rpc, response, methods) = started?;
+    let (mut worker, rpc, response) = started?;
     response.wait_until_ready(boot.attach_timeout)?;
     busy_loop(
         boot.rank,
         &mut worker,
-        &methods,
+        &WorkerMethods::builtin(),
         &rpc,
         &response,
     )
 }
 
 /// init_device → load_model → response queue → attach to the broadcast.
-/// The methods are the built-ins plus the configured worker extensions'.
-fn start(boot: &Bootstrap) -> anyhow::Result<(Worker, MessageQueue, MessageQueue, WorkerMethods)> {
+fn start(boot: &Bootstrap) -> anyhow::Result<(Worker, MessageQueue, MessageQueue)> {
     let config: EngineConfig =
         toml::from_str(&boot.config_toml).context("the bootstrap's configuration")?;
     let mut worker = Worker::new(worker_config(&config, boot.eos_token_id)?)?;
     worker.init_device()?;
+    if let Some(handle) = &boot.all_reduce {
+        let group = AllReduceGroup::attach(handle, boot.rank).with_context(|| {
+            format!("worker rank {} attaching to the tensor-parallel group", boot.rank)
+        })?;
+        worker.set_tensor_parallel(std::sync::Arc::new(group));
+    }
     worker.load_model()?;
     let response = MessageQueue::new_writer(1, QueueConfig::default())?;
     let rpc = MessageQueue::create_from_handle(&boot.rpc_handle, boot.rank)
@@ -143,9 +153,7 @@ fn start(boot: &Bootstrap) -> anyhow::Result<(Worker, MessageQueue, MessageQueue
         world_size = boot.world_size,
         "worker process ready"
     );
-    let mut methods = WorkerMethods::builtin();
-    crate::plugins::extension::register(&config, &mut methods)?;
-    Ok((worker, rpc, response, methods))
+    Ok((worker, rpc, response))
 }
 
 /// Serves calls: each arrives on the broadcast queue, runs through the

@@ -21,7 +21,9 @@ use super::monitor::{Monitor, WorkerSet};
 use super::rpc::ReplyBook;
 use super::{check_rank, Executor, ExecutorError, RpcFuture};
 use crate::config::EngineConfig;
+use crate::distributed::{AllReduceOwner, DEFAULT_SLOT_FLOATS};
 use crate::message_queue::{Handle, MessageQueue, QueueConfig, QueueError};
+use crate::sampling::rng::Xoshiro256StarStar;
 use crate::worker::proc::{Bootstrap, ReadyMessage};
 use crate::worker::{RpcRequest, RpcValue};
 
@@ -34,6 +36,12 @@ pub struct MultiprocExecutor {
     world_size: usize,
     execute_model_timeout: Option<Duration>,
     shutdown_timeout: Duration,
+    /// The tensor-parallel all-reduce segment (`world_size > 1`), kept so
+    /// its name is unlinked even if a rank never attaches.
+    _all_reduce: Option<AllReduceOwner>,
+    /// Seeds for requests that gave none, drawn here so that every
+    /// tensor-parallel rank samples the same tokens.
+    seeds: Xoshiro256StarStar,
 }
 
 impl MultiprocExecutor {
@@ -62,6 +70,16 @@ impl MultiprocExecutor {
         };
         let rpc = MessageQueue::new_writer(world_size, QueueConfig::default())
             .map_err(queue_err("creating the broadcast queue"))?;
+        let all_reduce = (world_size > 1)
+            .then(|| {
+                let timeout = execute_model_timeout.unwrap_or(Duration::from_secs(300));
+                AllReduceOwner::create(world_size, DEFAULT_SLOT_FLOATS, timeout)
+            })
+            .transpose()
+            .map_err(|e| ExecutorError::Start {
+                rank: 0,
+                message: format!("cannot create the tensor-parallel all-reduce segment: {e}"),
+            })?;
         let boot = |rank| Bootstrap {
             rank,
             world_size,
@@ -69,6 +87,7 @@ impl MultiprocExecutor {
             eos_token_id,
             rpc_handle: rpc.export_handle(),
             attach_timeout: start_timeout,
+            all_reduce: all_reduce.as_ref().map(|a| a.handle().clone()),
         };
         let (ready_tx, ready_rx) = mpsc::channel();
         let mut children = Vec::with_capacity(world_size);
@@ -119,6 +138,8 @@ impl MultiprocExecutor {
             world_size,
             execute_model_timeout,
             shutdown_timeout,
+            _all_reduce: all_reduce,
+            seeds: Xoshiro256StarStar::from_entropy(),
         })
     }
 
@@ -154,6 +175,11 @@ impl Executor for MultiprocExecutor {
             return Err(death);
         }
         let output_rank = unique_reply_rank.map(|r| r as u32);
+        let args = if self.world_size > 1 {
+            seed_unseeded(args, &mut self.seeds)
+        } else {
+            args
+        };
         let request = RpcRequest {
             method: method.to_string(),
             args,
@@ -190,6 +216,25 @@ impl Drop for MultiprocExecutor {
         self.monitor.stop();
         self.workers.terminate(self.shutdown_timeout);
         self.rpc.shutdown();
+    }
+}
+
+/// Gives every new request of a step that has no seed one drawn from
+/// `seeds`: tensor-parallel ranks each sample from the same (bit-identical)
+/// logits, and must draw the same random numbers too, or their sequences
+/// (and so their next inputs) would diverge.
+fn seed_unseeded(args: RpcValue, seeds: &mut Xoshiro256StarStar) -> RpcValue {
+    match args {
+        RpcValue::SchedulerOutput(mut so) => {
+            for new in &mut so.scheduled_new_reqs {
+                let seed = &mut new.sampling_params.seed;
+                if seed.is_none() {
+                    *seed = Some(seeds.next_u64());
+                }
+            }
+            RpcValue::SchedulerOutput(so)
+        }
+        other => other,
     }
 }
 
