@@ -165,11 +165,32 @@ pub struct WorkerConfig {
     pub cls: String,
     /// Compute threads per worker; 0 uses every core.
     pub num_threads: usize,
+    /// Worker-extension plugins (vLLM's `worker_extension_cls`) by
+    /// qualified name, one or a list: their methods are reachable as
+    /// `collective_rpc("<name>.<method>")` on every worker.
+    #[serde(deserialize_with = "one_or_many")]
+    pub extension: Vec<String>,
+}
+
+/// A string or a list of strings, as a list.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    match OneOrMany::deserialize(d).map_err(|_| {
+        serde::de::Error::custom("expected a qualified name or a list of them, e.g. \"engine:weight-tools\"")
+    })? {
+        OneOrMany::One(name) => Ok(vec![name]),
+        OneOrMany::Many(names) => Ok(names),
+    }
 }
 
 impl Default for WorkerConfig {
     fn default() -> Self {
-        WorkerConfig { cls: "auto".into(), num_threads: 0 }
+        WorkerConfig { cls: "auto".into(), num_threads: 0, extension: Vec::new() }
     }
 }
 
@@ -194,6 +215,12 @@ pub struct PluginsConfig {
     pub init_deadline_ms: u64,
     /// Linear memory one plugin instance may use, in MiB.
     pub memory_limit_mib: u64,
+    /// Wall-clock budget of one worker-extension call, in milliseconds
+    /// (reading a weight copies it into the plugin: slower than a hook).
+    pub extension_deadline_ms: u64,
+    /// Linear memory one worker-extension instance may use, in MiB (the
+    /// largest weight it reads must fit, as f32).
+    pub extension_memory_limit_mib: u64,
     /// `fallback` (log, go on without the plugin for that step) or `fail`
     /// (a faulting logits processor fails the step).
     pub on_error: String,
@@ -232,6 +259,8 @@ impl Default for PluginsConfig {
             deadline_ms: 20,
             init_deadline_ms: 1000,
             memory_limit_mib: 64,
+            extension_deadline_ms: 5000,
+            extension_memory_limit_mib: 512,
             on_error: "fallback".into(),
             cache: true,
             cache_dir: None,

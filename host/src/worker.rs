@@ -15,12 +15,14 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
+mod host_api;
 mod input_batch;
 mod output;
 pub mod proc;
 mod registry;
 mod rpc;
 
+pub use host_api::LentModel;
 pub use output::{Logprobs, ModelRunnerOutput};
 pub use registry::{DuplicateMethod, Handler, WorkerMethods};
 pub use rpc::{RpcReply, RpcRequest, RpcValue};
@@ -119,6 +121,9 @@ pub struct Worker {
     runner: Option<CpuModelRunner>,
     /// The tensor-parallel group this worker is a rank of, if any.
     all_reduce: Option<Arc<AllReduceGroup>>,
+    /// The weights the runner was prepared from (memory-mapped), kept for
+    /// worker extensions to read and update (`host_api.rs`).
+    weights: Option<crate::model::ModelWeights>,
     /// Whether the KV cache is allocated.
     kv_ready: bool,
     /// The requests the scheduler is running, kept across steps.
@@ -149,6 +154,7 @@ impl Worker {
             pool: None,
             runner: None,
             all_reduce: None,
+            weights: None,
             kv_ready: false,
             input_batch,
             step_input: ModelInput::default(),
@@ -198,6 +204,7 @@ impl Worker {
             matmul_path: MatmulPath::Auto,
         };
         self.runner = Some(CpuModelRunner::new_rank(&weights, pool, limits, self.all_reduce.clone())?);
+        self.weights = Some(weights);
         self.kv_ready = false;
         Ok(())
     }

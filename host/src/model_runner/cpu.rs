@@ -167,6 +167,42 @@ impl CpuModelRunner {
         Ok(())
     }
 
+    /// Prepares again what the tensor `name` of `weights` feeds (its layer,
+    /// the embedding, the final norm or the LM head) after it changed, so
+    /// the next step uses it (vLLM's `update_weights`). The KV cache is
+    /// kept: entries written with the old weights stay until overwritten.
+    pub fn reload_weight(&mut self, weights: &ModelWeights, name: &str) -> Result<(), RunnerError> {
+        if name == weights.embed.name {
+            self.embed = weight_matrix(&weights.embed)?;
+        } else if name == weights.final_norm.name {
+            self.final_norm = norm_weight(&weights.final_norm);
+        } else if let Some(head) = weights.lm_head.as_ref().filter(|h| h.name == name) {
+            self.lm_head = Some(weight_matrix(head)?);
+        } else {
+            let Some(i) = weights.layers.iter().position(|l| {
+                [
+                    &l.attn_norm,
+                    &l.wq,
+                    &l.wk,
+                    &l.wv,
+                    &l.wo,
+                    &l.ffn_norm,
+                    &l.w_gate,
+                    &l.w_up,
+                    &l.w_down,
+                ]
+                .iter()
+                .any(|t| t.name == name)
+            }) else {
+                return Err(RunnerError::Config(format!(
+                    "no weight named `{name}` to reload"
+                )));
+            };
+            self.layers[i] = Layer::new(&weights.layers[i])?;
+        }
+        Ok(())
+    }
+
     /// The KV cache, once allocated.
     pub fn kv_cache(&self) -> Option<&KvCache> {
         self.kv.as_ref()

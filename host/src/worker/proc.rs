@@ -110,7 +110,7 @@ pub fn run() -> anyhow::Result<()> {
         .context("starting the death-pipe watcher")?;
     let started = start(&boot);
     let message = match &started {
-        Ok((_, _, response)) => ReadyMessage::Ready {
+        Ok((_, _, response, _)) => ReadyMessage::Ready {
             response_handle: response.export_handle(),
         },
         Err(e) => ReadyMessage::Failed {
@@ -121,19 +121,20 @@ pub fn run() -> anyhow::Result<()> {
     writeln!(out, "{}", serde_json::to_string(&message)?)?;
     out.flush()?;
     drop(out);
-    let (mut worker, rpc, response) = started?;
+    let (mut worker, rpc, response, methods) = started?;
     response.wait_until_ready(boot.attach_timeout)?;
     busy_loop(
         boot.rank,
         &mut worker,
-        &WorkerMethods::builtin(),
+        &methods,
         &rpc,
         &response,
     )
 }
 
 /// init_device → load_model → response queue → attach to the broadcast.
-fn start(boot: &Bootstrap) -> anyhow::Result<(Worker, MessageQueue, MessageQueue)> {
+/// The methods are the built-ins plus the configured worker extensions'.
+fn start(boot: &Bootstrap) -> anyhow::Result<(Worker, MessageQueue, MessageQueue, WorkerMethods)> {
     let config: EngineConfig =
         toml::from_str(&boot.config_toml).context("the bootstrap's configuration")?;
     let mut worker = Worker::new(worker_config(&config, boot.eos_token_id)?)?;
@@ -153,7 +154,9 @@ fn start(boot: &Bootstrap) -> anyhow::Result<(Worker, MessageQueue, MessageQueue
         world_size = boot.world_size,
         "worker process ready"
     );
-    Ok((worker, rpc, response))
+    let mut methods = WorkerMethods::builtin();
+    crate::plugins::extension::register(&config, &mut methods)?;
+    Ok((worker, rpc, response, methods))
 }
 
 /// Serves calls: each arrives on the broadcast queue, runs through the
