@@ -1,10 +1,15 @@
 //! Randomized scheduler invariants over random configurations, request
-//! streams (with shared prefixes), sampled tokens and aborts.
+//! streams (with shared prefixes), sampled tokens and aborts, with one step
+//! in flight (synchronous) or two (async scheduling: step N+1 is scheduled
+//! before step N's tokens are applied).
 //!
 //! A mirror of the worker applies every `SchedulerOutput` by the documented
-//! contract and must always hold the same block tables and computed-token
-//! counts as the scheduler; stop decisions are re-derived from the tokens
-//! with an independent rule.
+//! contract, knows the tokens it sampled before the scheduler does, and must
+//! always hold the same block tables and computed-token counts as the
+//! scheduler; stop decisions are re-derived from the tokens with an
+//! independent rule. Each sampled token is a function of the request and
+//! its position, so every request's tokens must come out the same whatever
+//! the batching, preemption or pipelining.
 
 use std::collections::HashMap;
 
@@ -121,6 +126,15 @@ fn next(rng: &mut u64) -> u64 {
 struct Mirror {
     blocks: Vec<u32>,
     computed: usize,
+    /// Prompt and sampled tokens, as the worker knows them.
+    known: usize,
+    prompt_len: usize,
+}
+
+/// The token "sampled" at output position `pos` of request `i`.
+fn token_at(i: usize, pos: usize) -> u32 {
+    let mut x = ((i as u64) << 32 | pos as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    (next(&mut x) % VOCAB) as u32
 }
 
 /// Expected finish of a token sequence under `spec`'s stop rules, derived
@@ -141,7 +155,7 @@ fn expected_finish(spec: &Spec, tokens: &[u32]) -> Option<(usize, FinishReason)>
     })
 }
 
-fn run(cfg: Cfg, specs: Vec<Spec>, seed: u64) -> Result<(), TestCaseError> {
+fn run(cfg: Cfg, specs: Vec<Spec>, seed: u64, depth: usize) -> Result<(), TestCaseError> {
     let max_model_len = 80u32;
     let config = SchedulerConfig {
         max_num_seqs: cfg.max_num_seqs,
@@ -177,7 +191,7 @@ fn run(cfg: Cfg, specs: Vec<Spec>, seed: u64) -> Result<(), TestCaseError> {
     let mut finish_of: Vec<Option<FinishReason>> = vec![None; specs.len()];
     let mut accepted = vec![false; specs.len()];
     let mut mirror: HashMap<ReqHandle, Mirror> = HashMap::new();
-    let bs = cfg.block_size as usize;
+    let mut in_flight = std::collections::VecDeque::new();
 
     let mut step = 0;
     loop {
@@ -228,7 +242,7 @@ fn run(cfg: Cfg, specs: Vec<Spec>, seed: u64) -> Result<(), TestCaseError> {
             }
         }
         let all_arrived = specs.iter().all(|sp| sp.arrive_step < step);
-        if all_arrived && !s.has_unfinished_requests() {
+        if all_arrived && !s.has_unfinished_requests() && in_flight.is_empty() {
             break;
         }
         prop_assert!(
@@ -238,77 +252,26 @@ fn run(cfg: Cfg, specs: Vec<Spec>, seed: u64) -> Result<(), TestCaseError> {
         );
 
         let out = s.schedule();
-        // Budget, batch size and shape.
-        let total: u32 = out.num_scheduled_tokens.iter().map(|(_, n)| n).sum();
-        prop_assert_eq!(total, out.total_num_scheduled_tokens);
-        prop_assert!(total <= budget);
-        prop_assert!(s.num_running() <= cfg.max_num_seqs as usize);
-        prop_assert!(out.num_scheduled_tokens.iter().all(|(_, n)| *n >= 1));
-        prop_assert_eq!(
-            out.num_scheduled_tokens.len(),
-            out.scheduled_new_reqs.len() + out.scheduled_cached_reqs.len()
-        );
-        for f in &out.finished_req_ids {
-            prop_assert!(
-                out.scheduled_new_reqs.iter().all(|n| n.handle != *f),
-                "handle reused in its finish output"
-            );
+        let submitted = !(out.is_empty() && out.finished_req_ids.is_empty());
+        if submitted {
+            let sampled = execute(&cfg, &mut s, &out, &mut mirror, &handle_spec, &specs, budget)?;
+            in_flight.push_back((out, sampled));
         }
-        // Apply the delta as the worker would.
-        for f in &out.finished_req_ids {
-            mirror.remove(f);
-        }
-        for n in &out.scheduled_new_reqs {
-            prop_assert!(!mirror.contains_key(&n.handle));
-            let m = Mirror {
-                blocks: n.block_ids.clone(),
-                computed: n.num_computed_tokens as usize,
-            };
-            mirror.insert(n.handle, m);
-        }
-        let c = &out.scheduled_cached_reqs;
-        for i in 0..c.len() {
-            let m = mirror
-                .get_mut(&c.handles[i])
-                .expect("cached request unknown to the worker");
-            if c.resumed_from_preemption[i] {
-                m.blocks = c.new_block_ids(i).to_vec();
-            } else {
-                prop_assert_eq!(
-                    m.computed,
-                    c.num_computed_tokens[i] as usize,
-                    "tokens skipped or repeated"
-                );
-                m.blocks.extend_from_slice(c.new_block_ids(i));
-            }
-            m.computed = c.num_computed_tokens[i] as usize;
-        }
-        let mut sampled = Vec::new();
-        for &(h, n) in &out.num_scheduled_tokens {
-            let m = mirror.get_mut(&h).unwrap();
-            m.computed += n as usize;
-            let r = s.request(h).unwrap();
-            prop_assert_eq!(&m.blocks[..], r.block_ids(), "worker block table diverged");
-            prop_assert_eq!(m.computed, r.num_computed_tokens());
-            prop_assert!(
-                m.blocks.len() * bs >= m.computed,
-                "block table does not cover computed tokens"
-            );
-            if r.num_computed_tokens() >= r.num_tokens() {
-                sampled.push((h, [(next(&mut rng) % VOCAB) as u32]));
-            }
-        }
-        let outputs = s.update_from_output(&out, &sampled);
-        for o in &outputs {
-            let i = handle_spec[&o.handle];
-            tokens_of[i].extend_from_slice(&o.new_token_ids);
-            if let Some(reason) = o.finish_reason {
-                finish_of[i] = Some(reason);
-            } else {
-                prop_assert_eq!(
-                    s.request(o.handle).unwrap().output_token_ids(),
-                    &tokens_of[i][..]
-                );
+        if !(submitted && in_flight.len() < depth) {
+            if let Some((out, sampled)) = in_flight.pop_front() {
+                let outputs = s.update_from_output(&out, &sampled);
+                for o in &outputs {
+                    let i = handle_spec[&o.handle];
+                    tokens_of[i].extend_from_slice(&o.new_token_ids);
+                    if let Some(reason) = o.finish_reason {
+                        finish_of[i] = Some(reason);
+                    } else {
+                        prop_assert_eq!(
+                            s.request(o.handle).unwrap().output_token_ids(),
+                            &tokens_of[i][..]
+                        );
+                    }
+                }
             }
         }
         s.check_invariants().map_err(TestCaseError::fail)?;
@@ -318,6 +281,8 @@ fn run(cfg: Cfg, specs: Vec<Spec>, seed: u64) -> Result<(), TestCaseError> {
     for (i, spec) in specs.iter().enumerate().filter(|(i, _)| accepted[*i]) {
         let reason = finish_of[i];
         prop_assert!(reason.is_some(), "request {} never finished", i);
+        let expected: Vec<u32> = (0..tokens_of[i].len()).map(|pos| token_at(i, pos)).collect();
+        prop_assert_eq!(&tokens_of[i], &expected, "request {} lost, repeated or reordered tokens", i);
         if reason != Some(FinishReason::Abort) {
             let expected = expected_finish(spec, &tokens_of[i]);
             prop_assert_eq!(expected, Some((tokens_of[i].len(), reason.unwrap())));
@@ -336,6 +301,91 @@ fn run(cfg: Cfg, specs: Vec<Spec>, seed: u64) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Checks one scheduled step and runs it on the mirror worker: applies the
+/// deltas, advances the computed tokens and samples a token for each
+/// request that reached the end of the tokens the worker knows.
+fn execute(
+    cfg: &Cfg,
+    s: &mut Scheduler,
+    out: &SchedulerOutput,
+    mirror: &mut HashMap<ReqHandle, Mirror>,
+    handle_spec: &HashMap<ReqHandle, usize>,
+    specs: &[Spec],
+    budget: u32,
+) -> Result<Vec<(ReqHandle, [u32; 1])>, TestCaseError> {
+    let bs = cfg.block_size as usize;
+    // Budget, batch size and shape.
+    let total: u32 = out.num_scheduled_tokens.iter().map(|(_, n)| n).sum();
+    prop_assert_eq!(total, out.total_num_scheduled_tokens);
+    prop_assert!(total <= budget);
+    prop_assert!(s.num_running() <= cfg.max_num_seqs as usize);
+    prop_assert!(out.num_scheduled_tokens.iter().all(|(_, n)| *n >= 1));
+    prop_assert_eq!(
+        out.num_scheduled_tokens.len(),
+        out.scheduled_new_reqs.len() + out.scheduled_cached_reqs.len()
+    );
+    for f in &out.finished_req_ids {
+        prop_assert!(
+            out.scheduled_new_reqs.iter().all(|n| n.handle != *f),
+            "handle reused in its finish output"
+        );
+    }
+    // Apply the delta as the worker would.
+    for f in &out.finished_req_ids {
+        mirror.remove(f);
+    }
+    for n in &out.scheduled_new_reqs {
+        prop_assert!(!mirror.contains_key(&n.handle));
+        let m = Mirror {
+            blocks: n.block_ids.clone(),
+            computed: n.num_computed_tokens as usize,
+            known: n.prompt_token_ids.len(),
+            prompt_len: n.prompt_token_ids.len(),
+        };
+        mirror.insert(n.handle, m);
+    }
+    let c = &out.scheduled_cached_reqs;
+    for i in 0..c.len() {
+        let m = mirror
+            .get_mut(&c.handles[i])
+            .expect("cached request unknown to the worker");
+        if c.resumed_from_preemption[i] {
+            m.blocks = c.new_block_ids(i).to_vec();
+        } else {
+            prop_assert_eq!(
+                m.computed,
+                c.num_computed_tokens[i] as usize,
+                "tokens skipped or repeated"
+            );
+            m.blocks.extend_from_slice(c.new_block_ids(i));
+        }
+        m.computed = c.num_computed_tokens[i] as usize;
+    }
+    let mut sampled = Vec::new();
+    for &(h, n) in &out.num_scheduled_tokens {
+        let m = mirror.get_mut(&h).unwrap();
+        m.computed += n as usize;
+        let r = s.request(h).unwrap();
+        prop_assert_eq!(&m.blocks[..], r.block_ids(), "worker block table diverged");
+        prop_assert_eq!(m.computed, r.num_computed_tokens());
+        prop_assert!(
+            m.blocks.len() * bs >= m.computed,
+            "block table does not cover computed tokens"
+        );
+        prop_assert!(m.computed <= m.known, "scheduled a token the worker has not sampled");
+        let i = handle_spec[&h];
+        prop_assert!(
+            m.computed < m.prompt_len + specs[i].max_tokens as usize,
+            "computed past the request's last possible token"
+        );
+        if m.computed == m.known {
+            sampled.push((h, [token_at(i, m.known - m.prompt_len)]));
+            m.known += 1;
+        }
+    }
+    Ok(sampled)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(192))]
 
@@ -345,6 +395,15 @@ proptest! {
         specs in proptest::collection::vec(spec_strategy(), 1..24),
         seed in any::<u64>(),
     ) {
-        run(cfg, specs, seed)?;
+        run(cfg, specs, seed, 1)?;
+    }
+
+    #[test]
+    fn async_scheduling_keeps_every_invariant(
+        cfg in cfg_strategy(),
+        specs in proptest::collection::vec(spec_strategy(), 1..24),
+        seed in any::<u64>(),
+    ) {
+        run(cfg, specs, seed, 2)?;
     }
 }

@@ -77,6 +77,11 @@ pub struct Request {
     pub(super) priority: i32,
     pub(super) status: RequestStatus,
     pub(super) num_computed_tokens: usize,
+    /// Tokens scheduled to be sampled by in-flight steps and not yet
+    /// received (async scheduling: the next step is scheduled before the
+    /// previous one's token is known, so it computes a placeholder the worker
+    /// fills in).
+    pub(super) num_output_placeholders: usize,
     /// Prefix-cache hit at first admission; `None` before it.
     pub(super) num_cached_tokens: Option<usize>,
     pub(super) num_preemptions: u32,
@@ -107,6 +112,7 @@ impl Request {
             priority,
             status: RequestStatus::Waiting,
             num_computed_tokens: 0,
+            num_output_placeholders: 0,
             num_cached_tokens: None,
             num_preemptions: 0,
             kv: RequestBlocks::new(None),
@@ -175,6 +181,20 @@ impl Request {
     /// in-flight step (advanced when a step is scheduled, as in vLLM).
     pub fn num_computed_tokens(&self) -> usize {
         self.num_computed_tokens
+    }
+
+    /// Tokens sampled by in-flight steps and not yet received.
+    pub fn num_output_placeholders(&self) -> usize {
+        self.num_output_placeholders
+    }
+
+    /// Whether every token this request may produce is already received or
+    /// in flight: the placeholders reach `max_tokens` (admission keeps
+    /// prompt + `max_tokens` within `max_model_len`), so scheduling it again
+    /// would compute past its end.
+    pub(super) fn is_fully_scheduled(&self) -> bool {
+        let in_flight = self.num_output_placeholders;
+        in_flight > 0 && self.num_output_tokens() + in_flight >= self.sampling_params.max_tokens as usize
     }
 
     /// Prompt tokens found in the prefix cache at first admission (0 before).

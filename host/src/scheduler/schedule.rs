@@ -39,7 +39,14 @@ impl Scheduler {
     ///    prompt that does not fit the remaining budget stops admission; a
     ///    failed allocation stops it too (no skipping ahead).
     /// 3. Every scheduled request's `num_computed_tokens` advances by its
-    ///    scheduled tokens now, before the step runs.
+    ///    scheduled tokens now, before the step runs, and a request whose
+    ///    step reaches the end of its tokens gains an output placeholder.
+    ///
+    /// Under async scheduling this runs while the previous step is still in
+    /// flight: a request's tokens then count its placeholders (the worker
+    /// fills in the token it sampled before it runs the next step), and a
+    /// request whose placeholders already reach `max_tokens` is not
+    /// scheduled again.
     pub fn schedule_into(&mut self, out: &mut SchedulerOutput) {
         out.clear();
         self.step_id += 1;
@@ -81,7 +88,11 @@ impl Scheduler {
         while i < self.running.len() && *budget > 0 {
             let h = self.running[i];
             let req = req_mut(&mut self.slots, h);
-            let missing = req.num_tokens().saturating_sub(req.num_computed_tokens);
+            let missing = if req.is_fully_scheduled() {
+                0
+            } else {
+                (req.num_tokens() + req.num_output_placeholders).saturating_sub(req.num_computed_tokens)
+            };
             let n = self.cap_long_prefill(missing).min(*budget);
             if n == 0 {
                 i += 1;
@@ -102,12 +113,12 @@ impl Scheduler {
                 let v = self.pick_victim();
                 let victim = self.running.remove(v);
                 if v < i {
-                    // Already scheduled this step: give its tokens back.
-                    let pos = scheduled
-                        .iter()
-                        .position(|s| s.handle == victim)
-                        .expect("running requests before the cursor were scheduled");
-                    *budget += scheduled.remove(pos).num_tokens;
+                    // Before the cursor: give back its tokens if it was
+                    // scheduled this step (one whose tokens are all in
+                    // flight was passed over).
+                    if let Some(pos) = scheduled.iter().position(|s| s.handle == victim) {
+                        *budget += scheduled.remove(pos).num_tokens;
+                    }
                     i -= 1;
                 }
                 self.preempt(victim, out);
@@ -196,6 +207,11 @@ impl Scheduler {
             }
             let h = self.waiting[pos as usize];
             let req = req_mut(&mut self.slots, h);
+            if req.num_output_placeholders > 0 {
+                // Preempted while a step that samples it was in flight: it
+                // resumes once that token has arrived.
+                continue;
+            }
             let computed = self.kv.get_computed_blocks(&mut req.kv, &req.all_token_ids);
             let missing = req.num_tokens() - computed.num_tokens;
             let capped = self.cap_long_prefill(missing);
@@ -298,6 +314,10 @@ impl Scheduler {
                 ),
             }
             req.num_computed_tokens += s.num_tokens;
+            if req.num_computed_tokens == req.num_tokens() + req.num_output_placeholders {
+                // The step reaches the end of the known tokens: it samples one.
+                req.num_output_placeholders += 1;
+            }
         }
     }
 }

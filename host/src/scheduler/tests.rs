@@ -559,3 +559,65 @@ fn invalid_policy_answers_fall_back_to_fcfs() {
     assert_eq!(preempted.first(), Some(&b), "FCFS victim: the last");
     assert!(s.make_stats().num_policy_fallbacks >= 2);
 }
+
+#[test]
+fn async_scheduling_schedules_placeholders_and_stops_at_max_tokens() {
+    let mut s = Scheduler::new(config(32, 4)).unwrap();
+    let a = s.add_request(request("a", 0, 5, params(3))).unwrap();
+    // Step 1 prefills and samples output 1; step 2 is scheduled before
+    // output 1 is known and computes it as a placeholder.
+    let out1 = s.schedule();
+    assert_eq!(scheduled(&out1), vec![(a.0, 5)]);
+    let out2 = s.schedule();
+    assert_eq!(scheduled(&out2), vec![(a.0, 1)]);
+    assert_eq!(s.request(a).unwrap().num_output_placeholders(), 2);
+    let o = s.update_from_output(&out1, &[(a, vec![7])]);
+    assert_eq!((&o[0].new_token_ids[..], o[0].finish_reason), (&[7][..], None));
+    let out3 = s.schedule();
+    assert_eq!(scheduled(&out3), vec![(a.0, 1)]);
+    // Output 1 is known and outputs 2 and 3 are in flight: max_tokens is
+    // reached, so nothing more is computed for it.
+    assert!(s.schedule().is_empty());
+    let o = s.update_from_output(&out2, &[(a, vec![8])]);
+    assert_eq!((&o[0].new_token_ids[..], o[0].finish_reason), (&[8][..], None));
+    let o = s.update_from_output(&out3, &[(a, vec![9])]);
+    assert_eq!((&o[0].new_token_ids[..], o[0].finish_reason), (&[9][..], Some(FinishReason::Length)));
+    s.check_invariants().unwrap();
+    assert_eq!(s.kv_cache_manager().num_free_blocks(), 32);
+}
+
+#[test]
+fn a_request_preempted_with_a_step_in_flight_keeps_its_token() {
+    // Two 7-token prompts fill the four 4-token blocks; the first decode
+    // that needs a fifth block preempts b while its decode is in flight.
+    let mut s = Scheduler::new(config(4, 4)).unwrap();
+    let a = s.add_request(request("a", 0, 7, params(4))).unwrap();
+    let b = s.add_request(request("b", 10, 7, params(4))).unwrap();
+    let out1 = s.schedule();
+    let out2 = s.schedule();
+    assert_eq!(scheduled(&out2), vec![(a.0, 1), (b.0, 1)]);
+    s.update_from_output(&out1, &[(a, vec![20]), (b, vec![30])]);
+    let out3 = s.schedule();
+    assert_eq!(out3.preempted_req_ids, vec![b]);
+    assert_eq!(scheduled(&out3), vec![(a.0, 1)]);
+    let o = s.update_from_output(&out2, &[(a, vec![21]), (b, vec![31])]);
+    assert_eq!(o.len(), 2, "the preempted request's token is applied: the worker has it");
+    let rb = s.request(b).unwrap();
+    assert_eq!((rb.status(), rb.output_token_ids()), (RequestStatus::Preempted, &[30, 31][..]));
+    assert_eq!(rb.num_output_placeholders(), 0);
+    s.update_from_output(&out3, &[(a, vec![22])]);
+    s.check_invariants().unwrap();
+    // Synchronous steps from here: b resumes with all its tokens.
+    let mut tokens_b = vec![30, 31];
+    for _ in 0..40 {
+        let (_, outputs) = step(&mut s, 40);
+        for o in outputs.iter().filter(|o| o.handle == b) {
+            tokens_b.extend_from_slice(&o.new_token_ids);
+        }
+        if !s.has_unfinished_requests() {
+            break;
+        }
+    }
+    assert_eq!(tokens_b, vec![30, 31, 40, 40]);
+    assert_eq!(s.kv_cache_manager().num_free_blocks(), 4);
+}

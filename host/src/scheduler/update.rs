@@ -34,9 +34,12 @@ fn check_stop(
 impl Scheduler {
     /// Applies the tokens sampled in the step `out` scheduled. `sampled`
     /// pairs a handle with its tokens (one for a plain decode); entries for
-    /// handles not scheduled in `out`, no longer running (aborted or
-    /// preempted meanwhile) or still in a partial prefill are ignored, as
-    /// vLLM discards them. Stops on EOS (unless `ignore_eos`), a stop token,
+    /// handles not scheduled in `out`, finished or aborted meanwhile, or
+    /// without an output placeholder (a partial prefill samples nothing)
+    /// are ignored. A request preempted while the step was in flight keeps
+    /// its token, unlike vLLM, which drops it: the worker has already
+    /// appended it and advanced the request's sampler, so keeping it keeps
+    /// both sides in step and the outputs equal to synchronous scheduling. Stops on EOS (unless `ignore_eos`), a stop token,
     /// `max_tokens` or `max_model_len`, ignoring stop tokens before
     /// `min_tokens`; tokens after a stop are dropped. Finished requests'
     /// blocks are freed. Returns one output per request that got tokens.
@@ -68,6 +71,7 @@ impl Scheduler {
         let eos = self.config.eos_token_id;
         let max_model_len = self.config.max_model_len as usize;
         let mut any_finished = false;
+        let mut waiting_finished = false;
         for (h, tokens) in sampled {
             let tokens = tokens.as_ref();
             match self.scratch.mark.get_mut(h.index()) {
@@ -77,12 +81,10 @@ impl Scheduler {
             let Some(req) = self.slots[h.index()].as_mut() else {
                 continue;
             };
-            if req.status != RequestStatus::Running
-                || req.num_computed_tokens < req.num_tokens()
-                || tokens.is_empty()
-            {
+            if req.num_output_placeholders == 0 || tokens.is_empty() {
                 continue;
             }
+            req.num_output_placeholders -= 1;
             let mut new_token_ids = NewTokens::default();
             let mut finish_reason = None;
             for &t in tokens {
@@ -100,6 +102,7 @@ impl Scheduler {
                 num_cached_tokens: req.num_cached_tokens() as u32,
             });
             if let Some(reason) = finish_reason {
+                waiting_finished |= req.status != RequestStatus::Running;
                 self.finish(*h, reason);
                 any_finished = true;
             }
@@ -107,6 +110,9 @@ impl Scheduler {
         if any_finished {
             let slots = &self.slots;
             self.running.retain(|h| slots[h.index()].is_some());
+            if waiting_finished {
+                self.waiting.retain(|h| slots[h.index()].is_some());
+            }
         }
     }
 
