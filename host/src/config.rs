@@ -85,8 +85,9 @@ pub struct SchedulerConfig {
     /// scheduling-policy plugin given by `--plugin` / `plugins.paths`, else
     /// `builtin:fcfs`.
     pub policy: String,
-    /// Schedule step N+1 while step N runs (accepted; steps are synchronous
-    /// until the engine-core busy loop lands).
+    /// Schedule step N+1 while step N runs (vLLM's async scheduling): the
+    /// engine's own work per step overlaps the forward pass. The outputs
+    /// are the same either way.
     pub async_scheduling: bool,
 }
 

@@ -4,15 +4,16 @@
 //! decided here; text-level work (detokenizing, stop strings) is the
 //! frontend's.
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use thiserror::Error;
 
-use super::executor::{Executor, ExecutorError};
+use super::executor::{Executor, ExecutorError, StepFuture};
 use crate::sampling::SamplingParams;
-use crate::worker::{Logprobs, ModelRunnerOutput, RpcValue};
+use crate::worker::{Logprobs, RpcValue};
 use crate::scheduler::{
     FinishReason, Request, RequestOutput, Scheduler, SchedulerError, SchedulerOutput, SchedulerStats,
 };
@@ -79,11 +80,23 @@ pub struct StepTimings {
     pub update_s: f64,
 }
 
+/// A step sent to the workers and what the scheduler made of it.
+struct InFlight {
+    so: SchedulerOutput,
+    step: StepFuture,
+}
+
 /// The scheduler and the executor.
 pub struct EngineCore {
     scheduler: Scheduler,
     executor: Box<dyn Executor>,
     outputs: Vec<RequestOutput>,
+    /// Steps sent to the workers, oldest first, with what was scheduled.
+    in_flight: VecDeque<InFlight>,
+    /// Schedule step N+1 while step N runs.
+    async_scheduling: bool,
+    /// Whether the latest `submit` sent a step.
+    submitted: bool,
     last_timings: StepTimings,
     /// Prompt tokens of the requests admitted so far.
     num_prompt_tokens: u64,
@@ -100,11 +113,24 @@ impl EngineCore {
             scheduler,
             executor,
             outputs: Vec::new(),
+            in_flight: VecDeque::new(),
+            async_scheduling: false,
+            submitted: false,
             last_timings: StepTimings::default(),
             num_prompt_tokens: 0,
             num_generation_tokens: 0,
             started: Instant::now(),
         }
+    }
+
+    /// Schedules each step while the previous one runs (vLLM's async
+    /// scheduling; off unless set). The outputs are the same either way;
+    /// what changes is that the engine's own work per step (scheduling,
+    /// applying outputs, sending them) overlaps the workers' forward pass
+    /// instead of adding to it.
+    pub fn with_async_scheduling(mut self, on: bool) -> EngineCore {
+        self.async_scheduling = on;
+        self
     }
 
     /// Queues a request; an impossible one is refused at once with the reason.
@@ -138,32 +164,63 @@ impl EngineCore {
 
     /// True while a step has something to do.
     pub fn has_work(&self) -> bool {
-        self.scheduler.has_unfinished_requests() || self.scheduler.has_finished_requests()
+        self.scheduler.has_unfinished_requests()
+            || self.scheduler.has_finished_requests()
+            || !self.in_flight.is_empty()
     }
 
-    /// Runs one step and returns what each scheduled request produced.
+    /// Runs one step: [`submit`](Self::submit) then
+    /// [`collect`](Self::collect). Under async scheduling the outputs are
+    /// those of the previous step (the first call returns none).
     pub fn step(&mut self) -> Result<Vec<EngineCoreOutput>, EngineError> {
+        self.submit()?;
+        self.collect()
+    }
+
+    /// The first half of a step: schedules and sends the next step to the
+    /// workers unless the pipeline is full (one step in flight, two under
+    /// async scheduling) or there is nothing to run.
+    pub fn submit(&mut self) -> Result<(), EngineError> {
+        self.submitted = false;
+        if self.in_flight.len() >= self.pipeline_depth() {
+            return Ok(());
+        }
         let t0 = Instant::now();
         let so: SchedulerOutput = self.scheduler.schedule();
         if let Some(failure) = self.scheduler.policy_failure() {
             return Err(EngineError::Policy(failure.to_string()));
         }
-        let t1 = Instant::now();
-        let sampled = if so.is_empty() && so.finished_req_ids.is_empty() {
-            ModelRunnerOutput::default()
-        } else {
-            self.executor.execute_model(&so)?
+        self.last_timings.schedule_s = t0.elapsed().as_secs_f64();
+        if so.is_empty() && so.finished_req_ids.is_empty() {
+            return Ok(());
+        }
+        let step = self.executor.submit_step(&so)?;
+        self.in_flight.push_back(InFlight { so, step });
+        self.submitted = true;
+        Ok(())
+    }
+
+    /// The second half of a step: waits for the oldest step in flight and
+    /// applies its tokens, unless the pipeline is still filling (a step was
+    /// just submitted and there is room for another). Returns what each of
+    /// its requests produced.
+    pub fn collect(&mut self) -> Result<Vec<EngineCoreOutput>, EngineError> {
+        let filling = self.submitted && self.in_flight.len() < self.pipeline_depth();
+        if filling {
+            return Ok(Vec::new());
+        }
+        let Some(InFlight { so, step }) = self.in_flight.pop_front() else {
+            return Ok(Vec::new());
         };
+        let t1 = Instant::now();
+        let sampled = step.wait()?;
         let t2 = Instant::now();
         self.scheduler.update_from_output_into(&so, &sampled.sampled, &mut self.outputs);
         let failed = sampled.failed.iter().map(|(h, _)| h);
         self.scheduler.fail_requests(failed, &mut self.outputs);
         let t3 = Instant::now();
-        self.last_timings = StepTimings {
-            schedule_s: (t1 - t0).as_secs_f64(),
-            execute_s: (t2 - t1).as_secs_f64(),
-            update_s: (t3 - t2).as_secs_f64(),
-        };
+        self.last_timings.execute_s = (t2 - t1).as_secs_f64();
+        self.last_timings.update_s = (t3 - t2).as_secs_f64();
         let mut out = Vec::with_capacity(self.outputs.len());
         for o in &self.outputs {
             self.num_generation_tokens += o.new_token_ids.len() as u64;
@@ -181,6 +238,15 @@ impl EngineCore {
             });
         }
         Ok(out)
+    }
+
+    /// Steps sent to the workers and not yet collected at most.
+    fn pipeline_depth(&self) -> usize {
+        if self.async_scheduling {
+            2
+        } else {
+            1
+        }
     }
 
     /// The scheduler's counters.

@@ -6,10 +6,18 @@
 //! shared-memory queue to a client in another ([`super::ipc`]) — so that
 //! work overlaps the next step.
 //!
+//! A step is sent to the workers, then the loop reads the ADDs and ABORTs
+//! that arrived, then it waits for the step's tokens and applies them
+//! ([`EngineCore::submit`], [`EngineCore::collect`]). Under async
+//! scheduling (the default) the next step is scheduled and sent while the
+//! previous one still runs, so the loop's own work hides behind the
+//! forward pass.
+//!
 //! Every client message goes through one ordered queue: an ABORT can never
-//! overtake the ADD of the same request, and the loop reads every pending
-//! message before each step, so an abort takes effect at the next step
-//! boundary — the earliest the core can act on it anyway.
+//! overtake the ADD of the same request. The loop reads it before each step
+//! and again while the step runs, so an abort takes effect before the
+//! tokens of the step in flight are applied: what vLLM's separate abort
+//! queue is for, without the reordering a second queue allows.
 
 use std::sync::mpsc::{Receiver, Sender, SyncSender};
 
@@ -75,15 +83,17 @@ pub(crate) enum CoreOutput {
 /// message to the output thread is the engine-dead sentinel.
 pub(crate) fn run_busy_loop(mut core: EngineCore, inputs: Receiver<CoreInput>, outputs: Sender<CoreOutput>) {
     let mut stopping: Option<bool> = None;
+    // A message read mid-step that must wait for the step boundary.
+    let mut deferred: Vec<CoreInput> = Vec::new();
     let result = loop {
         // Block while there is nothing to do: no spinning when idle.
-        if !core.has_work() && stopping.is_none() {
+        if !core.has_work() && stopping.is_none() && deferred.is_empty() {
             match inputs.recv() {
                 Ok(msg) => handle(&mut core, msg, &outputs, &mut stopping),
                 Err(_) => break Ok(()),
             }
         }
-        while let Ok(msg) = inputs.try_recv() {
+        for msg in deferred.drain(..).chain(inputs.try_iter()) {
             handle(&mut core, msg, &outputs, &mut stopping);
         }
         match stopping {
@@ -100,7 +110,14 @@ pub(crate) fn run_busy_loop(mut core: EngineCore, inputs: Receiver<CoreInput>, o
         // A panic inside a step (a bug, never user input) must still reach
         // the clients as the engine-dead sentinel rather than leave them
         // waiting on a thread that is gone.
-        let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| core.step()));
+        let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            core.submit()?;
+            // While the workers run the step: requests that arrived meanwhile,
+            // so that an abort takes effect before the tokens of the step in
+            // flight are applied (vLLM's separate abort queue serves this).
+            take_requests(&mut core, &inputs, &outputs, &mut deferred);
+            core.collect()
+        }));
         match stepped.unwrap_or_else(|panic| Err(EngineError::Panic(panic_message(&*panic)))) {
             Ok(outs) => {
                 if outputs.send(CoreOutput::Step(outs, core.stats())).is_err() {
@@ -113,6 +130,30 @@ pub(crate) fn run_busy_loop(mut core: EngineCore, inputs: Receiver<CoreInput>, o
     if let Err(reason) = result {
         tracing::error!("engine core died: {reason}");
         let _ = outputs.send(CoreOutput::Dead(reason));
+    }
+}
+
+/// Takes the ADDs and ABORTs waiting on `inputs`, in order, while a step is
+/// in flight; the first message of another kind (a utility call or a
+/// shutdown, which belong between steps) is set aside in `deferred` and
+/// ends the batch, so no message overtakes an earlier one.
+fn take_requests(
+    core: &mut EngineCore,
+    inputs: &Receiver<CoreInput>,
+    outputs: &Sender<CoreOutput>,
+    deferred: &mut Vec<CoreInput>,
+) {
+    if !deferred.is_empty() {
+        return;
+    }
+    while let Ok(msg) = inputs.try_recv() {
+        match msg {
+            CoreInput::Add(_) | CoreInput::Abort(_) => handle(core, msg, outputs, &mut None),
+            other => {
+                deferred.push(other);
+                return;
+            }
+        }
     }
 }
 

@@ -17,6 +17,8 @@ pub use self::core::{
     EngineCore, EngineCoreOutput, EngineCoreRequest, EngineError, EngineStats, StepTimings, UTILITY_METHODS,
 };
 pub use client::{EngineCoreClient, EngineCoreError, OutputStream};
-pub use executor::{executor_for, Executor, ExecutorError, MultiprocExecutor, RpcFuture, UniProcExecutor};
+pub use executor::{
+    executor_for, Executor, ExecutorError, MultiprocExecutor, RpcFuture, StepFuture, UniProcExecutor,
+};
 pub use llm::{Completion, GenerateRequest, Llm, Prompt};
 pub use output_processor::{Delta, Finish, RequestMetrics, RequestState};

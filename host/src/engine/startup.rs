@@ -92,7 +92,8 @@ pub fn build_engine_core(config: &EngineConfig) -> anyhow::Result<(EngineCore, T
         eos_token_id: tokenizer.eos_token_id(),
         policy: policy.name().to_string(),
     }, policy)?;
-    Ok((EngineCore::new(scheduler, executor), tokenizer))
+    let core = EngineCore::new(scheduler, executor).with_async_scheduling(sched.async_scheduling);
+    Ok((core, tokenizer))
 }
 
 /// The longest context the engine accepts: the model's (or the configured)

@@ -131,18 +131,40 @@ pub trait Executor: Send {
             .result()
     }
 
-    /// Runs the step `so` describes on every worker and returns the tokens
-    /// sampled for the requests that reached the end of their known tokens
-    /// (vLLM's `execute_model` followed by `sample_tokens`). Both calls are
-    /// sent before either reply is awaited, so a step costs one round trip.
-    fn execute_model(&mut self, so: &SchedulerOutput) -> Result<ModelRunnerOutput, ExecutorError> {
+    /// Sends the step `so` describes to every worker (vLLM's
+    /// `execute_model` followed by `sample_tokens`, both sent before either
+    /// reply is awaited) and returns at once; [`StepFuture::wait`] returns
+    /// the tokens sampled for the requests that reached the end of their
+    /// known tokens. Workers run steps in the order they were sent, so the
+    /// engine can schedule the next step while this one runs (async
+    /// scheduling); an in-process worker has run it before this returns.
+    fn submit_step(&mut self, so: &SchedulerOutput) -> Result<StepFuture, ExecutorError> {
         let rank = Some(self.output_rank());
         let timeout = self.execute_model_timeout();
         let step = RpcValue::SchedulerOutput(Box::new(so.clone()));
         let executed = self.collective_rpc("execute_model", step, rank, true, timeout)?;
         let sampled = self.collective_rpc("sample_tokens", RpcValue::Unit, rank, true, timeout)?;
-        executed.result()?;
-        let mut replies = sampled.result()?;
+        Ok(StepFuture { executed, sampled })
+    }
+
+    /// [`Executor::submit_step`] and wait: one step, one round trip.
+    fn execute_model(&mut self, so: &SchedulerOutput) -> Result<ModelRunnerOutput, ExecutorError> {
+        self.submit_step(so)?.wait()
+    }
+}
+
+/// A step sent to the workers whose output has not been read yet.
+#[must_use = "a step's output must be waited for"]
+pub struct StepFuture {
+    executed: RpcFuture,
+    sampled: RpcFuture,
+}
+
+impl StepFuture {
+    /// Waits for the step and returns what the output rank sampled.
+    pub fn wait(self) -> Result<ModelRunnerOutput, ExecutorError> {
+        self.executed.result()?;
+        let mut replies = self.sampled.result()?;
         let reply = replies
             .pop()
             .ok_or_else(|| ExecutorError::Call("sample_tokens returned no reply".into()))?;
