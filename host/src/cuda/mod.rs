@@ -20,3 +20,7 @@ pub mod nvrtc;
 pub mod philox;
 pub mod runner;
 pub mod weights;
+
+/// The CUDA bindings the runner is built on, for the device checks
+/// (tests/gpu_*.rs) to launch kernels directly.
+pub use cudarc;
