@@ -314,8 +314,8 @@ fn host_plugin_list_and_inspect_print_what_plugins_declare() {
         "name: engine:shortest-prompt-first",
         "version: 0.1.0",
         "kind: scheduling policy",
-        "wit: engine:plugins@0.1.0",
-        "  engine:plugins/scheduling-policy@0.1.0",
+        "wit: engine:plugins@0.2.0",
+        "  engine:plugins/scheduling-policy@0.2.0",
         "  max_wait_s (default 0): ",
     ] {
         assert!(stdout.contains(line), "missing {line:?} in\n{stdout}");
