@@ -353,8 +353,24 @@ pub enum ConfigError {
 /// The executor backends known to this build.
 pub const EXECUTOR_BACKENDS: &[&str] = &["uni", "mp"];
 
+/// Why `worker.cls = "gpu"` cannot run in this process: a build without
+/// the `cuda` feature, no visible GPU, or (for now) a GPU runner that is not
+/// yet driven by the engine's worker (host/src/cuda, issue 7).
+fn gpu_worker_refusal() -> String {
+    #[cfg(not(feature = "cuda"))]
+    let why = "is `gpu` but this host was built without CUDA; rebuild with \
+               `cargo build --features cuda`, or use `auto` / `cpu`";
+    #[cfg(feature = "cuda")]
+    let why = if crate::cuda::device::device_count() == 0 {
+        "is `gpu` but no CUDA GPU is visible (no libcuda, or no device); use `auto` or `cpu`"
+    } else {
+        "is `gpu`, but the engine's worker does not drive the CUDA runner yet; use `auto` or `cpu`"
+    };
+    why.to_string()
+}
+
 /// The built-in worker classes (`worker.cls`).
-pub const WORKER_CLASSES: &[&str] = &["auto", "cpu"];
+pub const WORKER_CLASSES: &[&str] = &["auto", "cpu", "gpu"];
 
 impl EngineConfig {
     /// Reads `file` (if any), applies `overrides` (`section.key=value`, the
@@ -437,6 +453,9 @@ impl EngineConfig {
                 format!("is `{}`; known worker classes: {}", self.worker.cls, WORKER_CLASSES.join(", ")),
             );
         }
+        if self.worker.cls == "gpu" {
+            return invalid("worker.cls", gpu_worker_refusal());
+        }
         Ok(())
     }
 
@@ -482,6 +501,19 @@ mod tests {
         let file = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(file.path(), text).unwrap();
         file
+    }
+
+    #[test]
+    fn the_gpu_worker_class_is_a_clear_error_on_this_machine() {
+        let msg = EngineConfig::load(None, &["worker.cls=\"gpu\"".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("worker.cls"), "{msg}");
+        if cfg!(feature = "cuda") {
+            assert!(msg.contains("no CUDA GPU") || msg.contains("does not drive"), "{msg}");
+        } else {
+            assert!(msg.contains("--features cuda"), "{msg}");
+        }
     }
 
     #[test]
