@@ -38,7 +38,7 @@ pub struct MultiprocExecutor {
     shutdown_timeout: Duration,
     /// The tensor-parallel all-reduce segment (`world_size > 1`), kept so
     /// its name is unlinked even if a rank never attaches.
-    _all_reduce: Option<AllReduceOwner>,
+    all_reduce: Option<AllReduceOwner>,
     /// Seeds for requests that gave none, drawn here so that every
     /// tensor-parallel rank samples the same tokens.
     seeds: Xoshiro256StarStar,
@@ -70,7 +70,18 @@ impl MultiprocExecutor {
         };
         let rpc = MessageQueue::new_writer(world_size, QueueConfig::default())
             .map_err(queue_err("creating the broadcast queue"))?;
-        let all_reduce = (world_size > 1)
+        // Tensor parallelism shards the model over the ranks; without it
+        // (`tensor_parallel_size = 1`) several ranks are whole replicas.
+        let tp = p.tensor_parallel_size;
+        if tp > 1 && tp != world_size {
+            return Err(ExecutorError::Start {
+                rank: 0,
+                message: format!(
+                    "parallel.tensor_parallel_size = {tp} needs {tp} workers, not {world_size}"
+                ),
+            });
+        }
+        let all_reduce = (tp > 1)
             .then(|| {
                 let timeout = execute_model_timeout.unwrap_or(Duration::from_secs(300));
                 AllReduceOwner::create(world_size, DEFAULT_SLOT_FLOATS, timeout)
@@ -138,7 +149,7 @@ impl MultiprocExecutor {
             world_size,
             execute_model_timeout,
             shutdown_timeout,
-            _all_reduce: all_reduce,
+            all_reduce,
             seeds: Xoshiro256StarStar::from_entropy(),
         })
     }
@@ -175,7 +186,7 @@ impl Executor for MultiprocExecutor {
             return Err(death);
         }
         let output_rank = unique_reply_rank.map(|r| r as u32);
-        let args = if self.world_size > 1 {
+        let args = if self.all_reduce.is_some() {
             seed_unseeded(args, &mut self.seeds)
         } else {
             args
