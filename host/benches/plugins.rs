@@ -10,7 +10,14 @@
 //!   rows of the real vocabulary size (49152), each request banning two
 //!   tokens and biasing one: the call plus applying the edits;
 //! - `plugin_load/{compile,cached}`: compiling a component with Cranelift
-//!   versus loading its compiled form from the on-disk cache.
+//!   versus loading its compiled form from the on-disk cache;
+//! - `plugin_step/<policy>/{256,1024}`: one whole scheduler step
+//!   (`schedule_into` + `update_from_output_into`) with N requests decoding
+//!   and N more waiting, so the policy orders the queue every step (the
+//!   waiting prompts are longer than the budget the decodes leave, so none
+//!   is admitted and the step stays the same); `builtin:fcfs` beside the
+//!   plugins `engine:fcfs` and `engine:shortest-prompt-first` (goal: a
+//!   plugin's step <= 1.2x the built-in's).
 //!
 //! Needs the plugins built: `cargo build --release --target wasm32-wasip2`
 //! in `plugins/` (scripts/test.sh does it). Run:
@@ -19,10 +26,16 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use std::time::{Duration, Instant};
+
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
 use host::config::PluginsConfig;
 use host::plugins::{host_from_config, runtime_from_config, PluginHost, Row};
-use host::scheduler::{builtin_policy, RunningView, SchedulingPolicy, WaitingView};
+use host::sampling::SamplingParams;
+use host::scheduler::{
+    builtin_policy, ReqHandle, Request, RequestOutput, RunningView, Scheduler, SchedulerConfig,
+    SchedulerOutput, SchedulingPolicy, WaitingView,
+};
 
 fn plugin(name: &str) -> PathBuf {
     let dir =
@@ -171,5 +184,120 @@ fn bench_load(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_policy, bench_processor, bench_load);
+/// Steps one scheduler serves before it is rebuilt (untimed).
+const STRETCH: u64 = 500;
+
+/// A scheduler with `n` requests decoding and `n` waiting that never fit
+/// the budget the decodes leave, and the buffers an engine loop reuses.
+struct QueuedEngine {
+    scheduler: Scheduler,
+    out: SchedulerOutput,
+    sampled: Vec<(ReqHandle, [u32; 1])>,
+    outputs: Vec<RequestOutput>,
+}
+
+impl QueuedEngine {
+    fn new(n: u32, policy: Box<dyn SchedulingPolicy>) -> QueuedEngine {
+        let (prompt, budget, max_tokens) = (128u32, 9000u32, 2 * STRETCH as u32);
+        let config = SchedulerConfig {
+            max_num_seqs: 2 * n,
+            max_num_batched_tokens: budget,
+            enable_chunked_prefill: false,
+            max_model_len: budget,
+            num_blocks: n * (prompt + max_tokens).div_ceil(16) + budget / 16 + 64,
+            ..SchedulerConfig::new(0)
+        };
+        let mut scheduler = Scheduler::with_policy(config, policy).expect("valid bench config");
+        let add = |s: &mut Scheduler, i: u32, len: u32, max_tokens: u32| {
+            let ids = (0..len).map(|t| 1000 + (i * 7919 + t) % 40000).collect();
+            let params = SamplingParams {
+                max_tokens,
+                ..SamplingParams::default()
+            };
+            let req = Request::new(format!("req-{i}"), ids, params, f64::from(i), 0);
+            s.add_request(req).expect("request fits");
+        };
+        for i in 0..n {
+            add(&mut scheduler, i, prompt, max_tokens);
+        }
+        let mut e = QueuedEngine {
+            scheduler,
+            out: SchedulerOutput::default(),
+            sampled: Vec::new(),
+            outputs: Vec::new(),
+        };
+        while e.out.total_num_scheduled_tokens != n {
+            e.step();
+        }
+        // Longer than the budget the decodes leave (for n > 250), within
+        // max_model_len; lengths differ so shortest-prompt-first really sorts.
+        for i in n..2 * n {
+            add(&mut e.scheduler, i, budget - 250 + (i * 37) % 150, 100);
+        }
+        e
+    }
+
+    /// One step: schedule, sample token 7 for every request that reached
+    /// the end of its sequence, apply the samples.
+    fn step(&mut self) {
+        self.scheduler.schedule_into(&mut self.out);
+        self.sampled.clear();
+        for &(h, _) in &self.out.num_scheduled_tokens {
+            let r = self.scheduler.request(h).expect("scheduled request is live");
+            if r.num_computed_tokens() >= r.num_tokens() {
+                self.sampled.push((h, [7]));
+            }
+        }
+        self.scheduler
+            .update_from_output_into(&self.out, &self.sampled, &mut self.outputs);
+    }
+}
+
+fn bench_step(c: &mut Criterion) {
+    let cache = tempfile::tempdir().unwrap();
+    let host = plugin_host(&["fcfs", "shortest_prompt_first"], cache.path());
+    let mut group = c.benchmark_group("plugin_step");
+    group.measurement_time(Duration::from_secs(5));
+    for n in [256u32, 1024] {
+        for name in [
+            "builtin:fcfs",
+            "engine:fcfs",
+            "engine:shortest-prompt-first",
+        ] {
+            let policy = || -> Box<dyn SchedulingPolicy> {
+                match builtin_policy(name) {
+                    Ok(p) => p,
+                    Err(_) => Box::new(host.wasm_policy(name).unwrap()),
+                }
+            };
+            group.bench_function(BenchmarkId::new(name, n), |b| {
+                b.iter_custom(|iters| {
+                    let mut total = Duration::ZERO;
+                    let mut done = 0;
+                    while done < iters {
+                        let mut e = QueuedEngine::new(n, policy());
+                        let k = STRETCH.min(iters - done);
+                        let start = Instant::now();
+                        for _ in 0..k {
+                            e.step();
+                        }
+                        total += start.elapsed();
+                        assert_eq!(e.outputs.len(), n as usize, "{name}: every request decoded");
+                        let stats = e.scheduler.make_stats();
+                        assert_eq!(
+                            (stats.num_waiting, stats.num_policy_fallbacks),
+                            (n as usize, 0),
+                            "{name}: the queue stays, the policy answers"
+                        );
+                        done += k;
+                    }
+                    total
+                });
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_policy, bench_processor, bench_load, bench_step);
 criterion_main!(benches);
