@@ -136,7 +136,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(
             if (x[i] > best) { best = x[i]; best_i = i; }
         }
         block_argmax(best, best_i, sv, si);
-        if (threadIdx.x == 0) out[row] = best_i;
+        // A row with every token banned still yields a valid id (0).
+        if (threadIdx.x == 0) out[row] = best_i == 0x7fffffff ? 0 : best_i;
         return;
     }
     float inv_t = 1.0f / temp, local_max = -INFINITY;
