@@ -52,7 +52,8 @@ fn data_dir() -> tempfile::TempDir {
 #[test]
 fn a_granted_file_is_read_and_used() {
     let (cache, data) = (tempfile::tempdir().unwrap(), data_dir());
-    let mut processors = start(&config(cache.path(), &[], vec![grant(data.path(), false)])).unwrap();
+    let mut processors =
+        start(&config(cache.path(), &[], vec![grant(data.path(), false)])).unwrap();
     let row = Row {
         id: 1,
         num_output_tokens: 0,
@@ -70,7 +71,12 @@ fn a_read_only_grant_refuses_writes_and_a_writable_one_allows_them() {
     let (cache, data) = (tempfile::tempdir().unwrap(), data_dir());
     let written = data.path().join("out.txt");
     let opts = [("write", "/data/out.txt")];
-    let err = start(&config(cache.path(), &opts, vec![grant(data.path(), false)])).unwrap_err();
+    let err = start(&config(
+        cache.path(),
+        &opts,
+        vec![grant(data.path(), false)],
+    ))
+    .unwrap_err();
     assert!(
         err.contains("test:reads-grant") && err.contains("cannot write /data/out.txt"),
         "{err}"
@@ -89,13 +95,22 @@ fn nothing_outside_the_grant_and_nothing_without_one_is_reachable() {
     let (cache, data) = (tempfile::tempdir().unwrap(), data_dir());
     // With a grant, a path outside it does not resolve.
     let outside = [("path", "/etc/passwd")];
-    let err = start(&config(cache.path(), &outside, vec![grant(data.path(), false)])).unwrap_err();
+    let err = start(&config(
+        cache.path(),
+        &outside,
+        vec![grant(data.path(), false)],
+    ))
+    .unwrap_err();
     assert!(err.contains("cannot read /etc/passwd"), "{err}");
     // `..` does not climb out of the preopen either.
     let name = data.path().file_name().unwrap().to_str().unwrap();
     let sneaky = format!("/data/../{name}/banned.txt");
-    let err = start(&config(cache.path(), &[("path", &sneaky)], vec![grant(data.path(), false)]))
-        .unwrap_err();
+    let err = start(&config(
+        cache.path(),
+        &[("path", &sneaky)],
+        vec![grant(data.path(), false)],
+    ))
+    .unwrap_err();
     assert!(err.contains("cannot read"), "{err}");
     // Without a grant, the first filesystem call traps, naming the import.
     let err = start(&config(cache.path(), &[], vec![])).unwrap_err();
@@ -114,12 +129,17 @@ fn bad_grants_are_refused_naming_what_is_wrong() {
     unknown.plugin = "acme:nope".into();
     let err = start(&config(cache.path(), &[], vec![unknown])).unwrap_err();
     assert!(
-        err.contains("[[plugins.grants]]") && err.contains("\"acme:nope\"") && err.contains("test:reads-grant"),
+        err.contains("[[plugins.grants]]")
+            && err.contains("\"acme:nope\"")
+            && err.contains("test:reads-grant"),
         "{err}"
     );
     let missing = grant(&data.path().join("missing"), false);
     let err = start(&config(cache.path(), &[], vec![missing])).unwrap_err();
-    assert!(err.contains("missing") && err.contains("is not a directory"), "{err}");
+    assert!(
+        err.contains("missing") && err.contains("is not a directory"),
+        "{err}"
+    );
     let mut relative = grant(data.path(), false);
     relative.guest = "data".into();
     let err = start(&config(cache.path(), &[], vec![relative])).unwrap_err();

@@ -243,7 +243,10 @@ impl QueuedEngine {
         self.scheduler.schedule_into(&mut self.out);
         self.sampled.clear();
         for &(h, _) in &self.out.num_scheduled_tokens {
-            let r = self.scheduler.request(h).expect("scheduled request is live");
+            let r = self
+                .scheduler
+                .request(h)
+                .expect("scheduled request is live");
             if r.num_computed_tokens() >= r.num_tokens() {
                 self.sampled.push((h, [7]));
             }
@@ -299,5 +302,11 @@ fn bench_step(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_policy, bench_processor, bench_load, bench_step);
+criterion_group!(
+    benches,
+    bench_policy,
+    bench_processor,
+    bench_load,
+    bench_step
+);
 criterion_main!(benches);

@@ -62,7 +62,9 @@ impl WasmPolicy {
     /// `Sandboxed`); under [`OnError::Fail`] the first one is kept.
     fn faulted(&mut self, e: PluginError) {
         if self.on_error == OnError::Fail && self.failure.is_none() {
-            self.failure = Some(format!("{e} (plugins.on_error = \"fail\" stops the engine on a scheduling-policy fault)"));
+            self.failure = Some(format!(
+                "{e} (plugins.on_error = \"fail\" stops the engine on a scheduling-policy fault)"
+            ));
         }
     }
 }
