@@ -172,6 +172,15 @@ impl CpuModelRunner {
     /// the next step uses it (vLLM's `update_weights`). The KV cache is
     /// kept: entries written with the old weights stay until overwritten.
     pub fn reload_weight(&mut self, weights: &ModelWeights, name: &str) -> Result<(), RunnerError> {
+        // A tensor-parallel rank holds its shard: prepare that shard.
+        let sharded;
+        let weights = match &self.all_reduce {
+            Some(group) => {
+                sharded = shard::shard(weights, group.rank(), group.world_size())?;
+                &sharded
+            }
+            None => weights,
+        };
         if name == weights.embed.name {
             self.embed = weight_matrix(&weights.embed)?;
         } else if name == weights.final_norm.name {
