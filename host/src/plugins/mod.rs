@@ -30,6 +30,7 @@ pub mod policy;
 pub mod processor;
 pub mod registry;
 pub mod runtime;
+mod ticker;
 
 use std::path::PathBuf;
 use std::sync::Arc;

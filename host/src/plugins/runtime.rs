@@ -8,8 +8,8 @@
 //! environment or clock" holds by construction. Memory is capped per instance by `StoreLimits` (a failed
 //! grow traps, so running out is reported, not hidden in a guest `null`),
 //! and every call runs under an epoch deadline: a ticker thread advances the
-//! engine's epoch every millisecond while a call is in flight (and sleeps
-//! otherwise, so an idle engine stays idle).
+//! engine's epoch every millisecond while calls happen and parks once they
+//! stop ([`super::ticker`]), so an idle engine stays idle.
 //!
 //! The one capability the configuration can grant is a directory
 //! (`[[plugins.grants]]`), preopened with cap-std through wasmtime-wasi,
@@ -19,9 +19,6 @@
 //! ungranted plugin sees the same trap as before.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::thread::Thread;
 use std::time::Duration;
 
 use wasmtime::component::types::ComponentItem;
@@ -36,6 +33,7 @@ use wasmtime_wasi::p2::bindings::{filesystem::preopens, sync as wasi};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::cache;
+use super::ticker::{Ticker, TICK};
 
 /// Sandbox limits for every instance.
 #[derive(Debug, Clone, PartialEq)]
@@ -148,36 +146,6 @@ impl std::fmt::Display for NotGranted {
 
 impl std::error::Error for NotGranted {}
 
-/// Period of the epoch ticker; deadlines are whole ticks.
-const TICK: Duration = Duration::from_millis(1);
-
-/// Advances the engine's epoch every [`TICK`] while any call is in flight.
-struct Ticker {
-    in_flight: Arc<AtomicUsize>,
-    thread: Thread,
-}
-
-impl Ticker {
-    fn start(engine: Engine) -> std::io::Result<Ticker> {
-        let in_flight = Arc::new(AtomicUsize::new(0));
-        let busy = in_flight.clone();
-        let handle = std::thread::Builder::new()
-            .name("plugin-epoch".into())
-            .spawn(move || loop {
-                if busy.load(Ordering::Acquire) == 0 {
-                    std::thread::park();
-                    continue;
-                }
-                std::thread::sleep(TICK);
-                engine.increment_epoch();
-            })?;
-        Ok(Ticker {
-            in_flight,
-            thread: handle.thread().clone(),
-        })
-    }
-}
-
 /// The one wasmtime engine, its compiled-component cache and the sandbox
 /// settings; shared by every plugin instance.
 pub struct PluginRuntime {
@@ -205,7 +173,8 @@ impl PluginRuntime {
         let mut config = Config::new();
         config.epoch_interruption(true).max_wasm_stack(1 << 20);
         let engine = Engine::new(&config)?;
-        let ticker = Ticker::start(engine.clone())?;
+        let epoch = engine.clone();
+        let ticker = Ticker::start(move || epoch.increment_epoch())?;
         Ok(PluginRuntime {
             engine,
             cache_dir,
@@ -391,12 +360,7 @@ impl PluginRuntime {
     ) -> wasmtime::Result<R> {
         let ticks = deadline.as_millis().div_ceil(TICK.as_millis()) as u64 + 1;
         store.set_epoch_deadline(ticks);
-        if self.ticker.in_flight.fetch_add(1, Ordering::AcqRel) == 0 {
-            self.ticker.thread.unpark();
-        }
-        let result = f(store);
-        self.ticker.in_flight.fetch_sub(1, Ordering::AcqRel);
-        result
+        self.ticker.during(|| f(store))
     }
 }
 
