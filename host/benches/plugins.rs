@@ -6,6 +6,10 @@
 //!   `builtin:priority` and the plugins `engine:fcfs` and
 //!   `engine:shortest-prompt-first`;
 //! - `plugin_policy/pick_victim/<policy>/256`;
+//! - `plugin_python/{order_waiting/<policy>/{16,256},pick_victim/<policy>/256}`:
+//!   the same calls for `py:longest-prompt-first` (CPython inside the
+//!   component, built by componentize-py) beside its Rust mirror
+//!   `engine:shortest-prompt-first` and `builtin:fcfs`;
 //! - `plugin_processor/process/64`: `engine:logit-bias` over a batch of 64
 //!   rows of the real vocabulary size (49152), each request banning two
 //!   tokens and biasing one: the call plus applying the edits;
@@ -20,7 +24,8 @@
 //!   plugin's step <= 1.2x the built-in's).
 //!
 //! Needs the plugins built: `cargo build --release --target wasm32-wasip2`
-//! in `plugins/` (scripts/test.sh does it). Run:
+//! in `plugins/` and `bash plugins/python/longest-prompt-first/build.sh`
+//! (scripts/test.sh does both). Run:
 //! `cargo bench -p host --bench plugins`.
 
 use std::path::PathBuf;
@@ -58,11 +63,24 @@ fn plugin_host(names: &[&str], cache: &std::path::Path) -> PluginHost {
     host_from_config(&config).expect("the plugins load")
 }
 
-fn bench_policy(c: &mut Criterion) {
-    let cache = tempfile::tempdir().unwrap();
-    let host = plugin_host(&["fcfs", "shortest_prompt_first"], cache.path());
-    let mut group = c.benchmark_group("plugin_policy");
-    let max = 1024u32;
+/// `order_waiting` of `names` over queues of each of `sizes` waiting
+/// requests, and `pick_victim` over 256 running ones, in benchmark group
+/// `group`.
+fn bench_policy_calls(
+    c: &mut Criterion,
+    group: &str,
+    host: &PluginHost,
+    names: &[&str],
+    sizes: &[usize],
+) {
+    let policy = |name: &str| -> Box<dyn SchedulingPolicy> {
+        match builtin_policy(name) {
+            Ok(p) => p,
+            Err(_) => Box::new(host.wasm_policy(name).unwrap()),
+        }
+    };
+    let mut group = c.benchmark_group(group);
+    let max = *sizes.iter().max().unwrap() as u32;
     let ids: Vec<u32> = (0..=max).collect();
     let lens: Vec<u32> = (0..=max)
         .map(|i| 64 + (i.wrapping_mul(2_654_435_761) >> 7) % 512)
@@ -71,13 +89,7 @@ fn bench_policy(c: &mut Criterion) {
         .map(|i| (i.wrapping_mul(2_654_435_761) % 7) as i32)
         .collect();
     let arrivals: Vec<f64> = (0..=max).map(f64::from).collect();
-    let names = [
-        "builtin:fcfs",
-        "builtin:priority",
-        "engine:fcfs",
-        "engine:shortest-prompt-first",
-    ];
-    for n in [256usize, 1024] {
+    for &n in sizes {
         // Two queues shifted by one request, alternated, so no policy can
         // reuse its previous answer.
         let view = |k: usize| WaitingView {
@@ -87,11 +99,8 @@ fn bench_policy(c: &mut Criterion) {
             arrival_times: &arrivals[k..k + n],
         };
         let queues = [view(0), view(1)];
-        for name in names {
-            let mut policy: Box<dyn SchedulingPolicy> = match builtin_policy(name) {
-                Ok(p) => p,
-                Err(_) => Box::new(host.wasm_policy(name).unwrap()),
-            };
+        for &name in names {
+            let mut policy = policy(name);
             let mut order = Vec::with_capacity(n);
             let mut k = 0;
             group.bench_function(
@@ -113,17 +122,52 @@ fn bench_policy(c: &mut Criterion) {
         arrival_times: &arrivals[..256],
         num_computed_tokens: &lens[..256],
     };
-    for name in names {
-        let mut policy: Box<dyn SchedulingPolicy> = match builtin_policy(name) {
-            Ok(p) => p,
-            Err(_) => Box::new(host.wasm_policy(name).unwrap()),
-        };
+    for &name in names {
+        let mut policy = policy(name);
         group.bench_function(
             BenchmarkId::new("pick_victim", format!("{name}/256")),
             |b| b.iter(|| black_box(policy.pick_victim(black_box(&running)))),
         );
     }
     group.finish();
+}
+
+fn bench_policy(c: &mut Criterion) {
+    let cache = tempfile::tempdir().unwrap();
+    let host = plugin_host(&["fcfs", "shortest_prompt_first"], cache.path());
+    let names = [
+        "builtin:fcfs",
+        "builtin:priority",
+        "engine:fcfs",
+        "engine:shortest-prompt-first",
+    ];
+    bench_policy_calls(c, "plugin_policy", &host, &names, &[256, 1024]);
+}
+
+/// The Python policy (CPython inside the component, built by
+/// componentize-py) beside its Rust mirror and the built-in.
+fn bench_python_policy(c: &mut Criterion) {
+    let python = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../plugins/target/python/longest_prompt_first.wasm");
+    assert!(
+        python.is_file(),
+        "{} is missing: run `bash plugins/python/longest-prompt-first/build.sh`",
+        python.display()
+    );
+    // A fixed cache (shared with tests/plugins_python.rs): compiling CPython's
+    // component takes tens of seconds, a cached load milliseconds.
+    let host = host_from_config(&PluginsConfig {
+        paths: vec![python, plugin("shortest_prompt_first")],
+        cache_dir: Some(std::env::temp_dir().join("host-plugin-tests-cache")),
+        ..PluginsConfig::default()
+    })
+    .expect("the plugins load");
+    let names = [
+        "py:longest-prompt-first",
+        "engine:shortest-prompt-first",
+        "builtin:fcfs",
+    ];
+    bench_policy_calls(c, "plugin_python", &host, &names, &[16, 256]);
 }
 
 fn bench_processor(c: &mut Criterion) {
@@ -305,6 +349,7 @@ fn bench_step(c: &mut Criterion) {
 criterion_group!(
     benches,
     bench_policy,
+    bench_python_policy,
     bench_processor,
     bench_load,
     bench_step

@@ -19,6 +19,7 @@ use thiserror::Error;
 pub use cpu::{CpuModelRunner, RunnerConfig};
 pub use input::{ModelInput, SeqInput};
 /// The limits a step is validated against (shared with the CUDA runner).
+#[cfg(feature = "cuda")]
 pub(crate) use input::Limits as InputLimits;
 pub use kv_cache::{KvCache, KvCacheShape};
 
