@@ -207,6 +207,11 @@ pub struct PluginsConfig {
     /// Logits-processor plugins applied before sampling, by qualified name,
     /// in order.
     pub logits_processors: Vec<String>,
+    /// The sampler plugin by qualified name (empty: the host's sampler); it
+    /// chooses each sampled row's token among `sampler_top_k` candidates.
+    pub sampler: String,
+    /// Candidates per row the host hands the sampler plugin (at least 1).
+    pub sampler_top_k: usize,
     /// Options passed to a plugin's `init`, by qualified name, e.g.
     /// `[plugins.options."engine:shortest-prompt-first"] max_wait_s = 5`.
     pub options: std::collections::BTreeMap<String, toml::Table>,
@@ -223,7 +228,7 @@ pub struct PluginsConfig {
     /// largest weight it reads must fit, as f32).
     pub extension_memory_limit_mib: u64,
     /// `fallback` (log, go on without the plugin for that step) or `fail`
-    /// (a faulting logits processor fails the step).
+    /// (a faulting logits processor or sampler fails the requests of the step).
     pub on_error: String,
     /// Keep compiled components on disk so a restart does not recompile.
     pub cache: bool,
@@ -256,6 +261,8 @@ impl Default for PluginsConfig {
             paths: Vec::new(),
             dirs: Vec::new(),
             logits_processors: Vec::new(),
+            sampler: String::new(),
+            sampler_top_k: 20,
             options: Default::default(),
             deadline_ms: 20,
             init_deadline_ms: 1000,

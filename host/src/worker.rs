@@ -317,15 +317,18 @@ impl Worker {
         Ok(())
     }
 
-    /// Loads the logits processors `plugins` (the engine's `[plugins]`
-    /// section as JSON) names, applied to every sampled row from the next
-    /// step on (the `load_logits_processors` worker method).
+    /// Loads the logits processors and the sampler `plugins` (the engine's
+    /// `[plugins]` section as JSON) names, applied to every sampled row from
+    /// the next step on (the `load_logits_processors` worker method).
     pub fn load_logits_processors(&mut self, plugins: &str) -> Result<(), WorkerError> {
         let config: crate::config::PluginsConfig = serde_json::from_str(plugins)
             .map_err(|e| WorkerError::Config(format!("load_logits_processors: invalid [plugins] JSON: {e}")))?;
         let host = crate::plugins::host_from_config(&config)?;
         if let Some(processors) = host.logits_processors(&config.logits_processors)? {
             self.input_batch.set_processors(processors);
+        }
+        if let Some(sampler) = host.sampler(&config.sampler, config.sampler_top_k)? {
+            self.input_batch.set_sampler(sampler);
         }
         Ok(())
     }

@@ -1,15 +1,15 @@
 //! The plugin SDK for the `host` engine: write a scheduling policy, a logits
-//! processor or a worker extension as plain Rust, export it with one macro, build it with
+//! processor, a sampler or a worker extension as plain Rust, export it with one macro, build it with
 //! `cargo build --release --target wasm32-wasip2`, and load the `.wasm` with
 //! `host --plugin FILE.wasm`.
 //!
 //! The SDK hides the WIT bindings (`wit/v0.2.0/plugins.wit`, package
 //! `engine:plugins@0.2.0`): a plugin implements a trait
-//! ([`policy::SchedulingPolicy`], [`logits_processor::LogitsProcessor`] or
-//! [`worker_extension::WorkerExtension`])
+//! ([`policy::SchedulingPolicy`], [`logits_processor::LogitsProcessor`],
+//! [`sampler::Sampler`] or [`worker_extension::WorkerExtension`])
 //! whose methods take and return ordinary Rust values, so its logic is
 //! unit-testable natively with `cargo test`. Enable the cargo feature of the
-//! one kind the plugin is (`policy`, `logits-processor` or
+//! one kind the plugin is (`policy`, `logits-processor`, `sampler` or
 //! `worker-extension`).
 //!
 //! ```ignore
@@ -33,6 +33,8 @@ extern crate self as plugin_sdk;
 pub mod logits_processor;
 #[cfg(feature = "policy")]
 pub mod policy;
+#[cfg(feature = "sampler")]
+pub mod sampler;
 #[doc(hidden)]
 pub mod state;
 #[cfg(feature = "worker-extension")]

@@ -73,7 +73,7 @@ pub fn build_engine_core(config: &EngineConfig) -> anyhow::Result<(EngineCore, T
         num_blocks * config.cache.block_size,
         config.model.max_model_len > 0,
     )?;
-    if !config.plugins.logits_processors.is_empty() {
+    if !config.plugins.logits_processors.is_empty() || !config.plugins.sampler.is_empty() {
         let plugins = serde_json::to_string(&config.plugins)?;
         executor.call("load_logits_processors", RpcValue::Json(plugins), None, timeout)?;
     }

@@ -295,13 +295,26 @@ pub mod sampler {
         with: { "engine:plugins/types@0.2.0": crate::plugins::bindings::types_v0_2 },
     });
 
-    /// Calls `metadata()`.
-    pub fn metadata(
-        plugin: &SamplerPlugin,
-        store: &mut wasmtime::Store<super::StoreState>,
-    ) -> wasmtime::Result<super::Metadata> {
-        let m = plugin.engine_plugins_sampler().call_metadata(store)?;
-        Ok(metadata_from!(m, super::kind_v0_2))
+    pub use exports::engine::plugins::sampler::Candidates;
+
+    impl SamplerPlugin {
+        /// Calls `metadata()`.
+        pub fn metadata(
+            &self,
+            store: &mut wasmtime::Store<super::StoreState>,
+        ) -> wasmtime::Result<super::Metadata> {
+            let m = self.engine_plugins_sampler().call_metadata(store)?;
+            Ok(metadata_from!(m, super::kind_v0_2))
+        }
+
+        /// Calls `init(options)`.
+        pub fn init(
+            &self,
+            store: &mut wasmtime::Store<super::StoreState>,
+            options: &str,
+        ) -> wasmtime::Result<Result<(), String>> {
+            self.engine_plugins_sampler().call_init(store, options)
+        }
     }
 }
 

@@ -67,6 +67,10 @@ world!(
     bindings::extension::WorkerExtensionPlugin,
     bindings::extension::WorkerExtensionPluginPre
 );
+world!(
+    bindings::sampler::SamplerPlugin,
+    bindings::sampler::SamplerPluginPre<StoreState>
+);
 
 /// A live instance of one plugin.
 pub struct Sandboxed<W: World> {

@@ -13,6 +13,8 @@
 //!   fault.
 //! - [`policy`] / [`processor`]: the two kinds behind the scheduler's
 //!   policy seam and the worker's sampler.
+//! - [`sampler`]: the sampler plugin, choosing each sampled row's token
+//!   among the host's top-k candidates.
 //! - [`extension`]: worker extensions, their methods registered in the
 //!   worker's `collective_rpc` registry, and the host API they import.
 //! - `bindings`: every supported WIT version's bindings behind one type per
@@ -26,10 +28,12 @@ mod cache;
 mod error;
 pub mod extension;
 pub mod instance;
+mod live;
 pub mod policy;
 pub mod processor;
 pub mod registry;
 pub mod runtime;
+pub mod sampler;
 mod ticker;
 
 use std::path::PathBuf;
@@ -38,6 +42,7 @@ use std::time::Duration;
 
 pub use error::PluginError;
 pub use processor::{LogitsProcessors, Row};
+pub use sampler::SamplerPlugin;
 pub use registry::{OptionInfo, PluginHost, PluginInfo, SUPPORTED_WIT};
 pub use runtime::{Limits, PluginRuntime};
 

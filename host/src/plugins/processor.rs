@@ -11,10 +11,9 @@
 //! without that plugin's edits, and under `"fail"` the step fails with the
 //! error.
 
-use std::collections::BTreeMap;
-
 use super::bindings::processor::{Batch, LogitEdits, LogitsProcessorPlugin};
 use super::instance::Sandboxed;
+use super::live::{LiveRequests, Pending};
 use super::{OnError, PluginError};
 
 /// One row the worker is about to sample.
@@ -33,9 +32,8 @@ pub struct Row {
 /// One logits-processor plugin and what it has been told.
 struct Processor {
     plugin: Sandboxed<LogitsProcessorPlugin>,
-    /// Faults seen so far; a change means the instance was recreated and
-    /// must be told every live request again.
-    faults_seen: u64,
+    /// Requests entered and left since its last call.
+    pending: Pending,
     batch: Batch,
 }
 
@@ -44,8 +42,7 @@ struct Processor {
 pub struct LogitsProcessors {
     processors: Vec<Processor>,
     on_error: OnError,
-    /// Live requests and their `extra_args` as JSON.
-    live: BTreeMap<u32, String>,
+    live: LiveRequests,
 }
 
 impl std::fmt::Debug for LogitsProcessors {
@@ -79,14 +76,14 @@ impl LogitsProcessors {
             .into_iter()
             .map(|plugin| Processor {
                 plugin,
-                faults_seen: 0,
+                pending: Pending::default(),
                 batch: empty_batch(),
             })
             .collect();
         LogitsProcessors {
             processors,
             on_error,
-            live: BTreeMap::new(),
+            live: LiveRequests::default(),
         }
     }
 
@@ -97,21 +94,14 @@ impl LogitsProcessors {
 
     /// A request entered the batch.
     pub fn add(&mut self, id: u32, extra_args: Option<&serde_json::Value>) {
-        let json = extra_args.map_or_else(|| "null".to_string(), |v| v.to_string());
-        for p in &mut self.processors {
-            p.batch.added_ids.push(id);
-            p.batch.added_extra_args.push(json.clone());
-        }
-        self.live.insert(id, json);
+        let pending = self.processors.iter_mut().map(|p| &mut p.pending);
+        self.live.add(id, extra_args, pending);
     }
 
     /// A request left the batch.
     pub fn remove(&mut self, id: u32) {
-        if self.live.remove(&id).is_some() {
-            for p in &mut self.processors {
-                p.batch.removed_ids.push(id);
-            }
-        }
+        let pending = self.processors.iter_mut().map(|p| &mut p.pending);
+        self.live.remove(id, pending);
     }
 
     /// Asks every processor for its edits to `rows` and applies them to
@@ -123,14 +113,11 @@ impl LogitsProcessors {
         vocab: usize,
     ) -> Result<(), PluginError> {
         for p in &mut self.processors {
-            if p.plugin.faults() != p.faults_seen {
-                // A recreated instance knows nothing: announce every live request.
-                p.faults_seen = p.plugin.faults();
-                p.batch.added_ids = self.live.keys().copied().collect();
-                p.batch.added_extra_args = self.live.values().cloned().collect();
-                p.batch.removed_ids.clear();
-            }
+            p.pending.resync(p.plugin.faults(), &self.live);
             let b = &mut p.batch;
+            std::mem::swap(&mut b.added_ids, &mut p.pending.added_ids);
+            std::mem::swap(&mut b.added_extra_args, &mut p.pending.added_extra_args);
+            std::mem::swap(&mut b.removed_ids, &mut p.pending.removed_ids);
             b.ids.clear();
             b.num_output_tokens.clear();
             b.last_tokens.clear();
@@ -143,9 +130,14 @@ impl LogitsProcessors {
             let answer = p.plugin.call("process", |w, s| {
                 w.engine_plugins_logits_processor().call_process(s, batch)
             });
-            p.batch.added_ids.clear();
-            p.batch.added_extra_args.clear();
-            p.batch.removed_ids.clear();
+            // Told: the lists go back (emptied) to be reused.
+            std::mem::swap(&mut p.batch.added_ids, &mut p.pending.added_ids);
+            std::mem::swap(
+                &mut p.batch.added_extra_args,
+                &mut p.pending.added_extra_args,
+            );
+            std::mem::swap(&mut p.batch.removed_ids, &mut p.pending.removed_ids);
+            p.pending.clear();
             let result = match answer {
                 Ok(Ok(edits)) => match validate(&edits, rows.len(), vocab) {
                     Ok(()) => {

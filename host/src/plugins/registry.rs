@@ -18,6 +18,7 @@ use super::instance::{Sandboxed, World};
 use super::extension::WorkerExtension;
 use super::policy::WasmPolicy;
 use super::processor::LogitsProcessors;
+use super::sampler::SamplerPlugin;
 use super::runtime::{describe_fault, PluginRuntime};
 use super::{OnError, PluginError, PluginKind};
 use crate::scheduler::policy::{builtin_policy, SchedulingPolicy, BUILTIN_POLICIES};
@@ -63,8 +64,7 @@ enum Linked {
     Policy(Arc<<policy::SchedulingPolicyPlugin as World>::Pre>),
     Processor(Arc<<processor::LogitsProcessorPlugin as World>::Pre>),
     Extension(Arc<<extension::WorkerExtensionPlugin as World>::Pre>),
-    /// Known (listed, inspected); the sampler's host side instantiates it.
-    Sampler,
+    Sampler(Arc<<bindings::sampler::SamplerPlugin as World>::Pre>),
 }
 
 /// The known plugins and the runtime they run in.
@@ -233,14 +233,8 @@ impl PluginHost {
                 (m, Linked::Extension(Arc::new(pre)))
             }
             PluginKind::Sampler => {
-                let pre = bindings::sampler::SamplerPluginPre::new(pre).map_err(compile)?;
-                let m = rt
-                    .call(&mut store, deadline, |s| {
-                        let plugin = pre.instantiate(&mut *s)?;
-                        bindings::sampler::metadata(&plugin, s)
-                    })
-                    .map_err(fault)?;
-                (m, Linked::Sampler)
+                let (m, pre) = metadata_of!(bindings::sampler::SamplerPlugin);
+                (m, Linked::Sampler(Arc::new(pre)))
             }
         };
         let bindings::Metadata {
@@ -442,6 +436,30 @@ impl PluginHost {
             )?);
         }
         Ok(Some(LogitsProcessors::new(plugins, self.on_error)))
+    }
+
+    /// The sampler named `name` (`plugins.sampler`), choosing among `top_k`
+    /// host-computed candidates per row; `None` when `name` is empty.
+    pub fn sampler(&self, name: &str, top_k: usize) -> Result<Option<SamplerPlugin>, PluginError> {
+        if name.is_empty() {
+            return Ok(None);
+        }
+        if top_k == 0 {
+            return Err(PluginError::Config(
+                "plugins.sampler_top_k = 0; the sampler needs at least 1 candidate per row".into(),
+            ));
+        }
+        let (info, linked) = self.find("plugins.sampler", name, PluginKind::Sampler)?;
+        let Linked::Sampler(pre) = linked else {
+            unreachable!("find checked the kind")
+        };
+        let plugin = Sandboxed::new(
+            &info.name,
+            self.options_of(name),
+            self.runtime.clone(),
+            pre.clone(),
+        )?;
+        Ok(Some(SamplerPlugin::new(plugin, top_k, self.on_error)))
     }
 }
 

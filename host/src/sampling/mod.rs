@@ -13,7 +13,7 @@ pub mod select;
 pub mod stop;
 
 pub use params::{SamplingParams, SamplingParamsError, GREEDY_TEMPERATURE_EPS, MAX_LOGPROBS};
-pub use sampler::{sample_batch, RequestSampler, SampledToken};
+pub use sampler::{sample_batch, PreparedRow, RequestSampler, SampledToken};
 pub use stop::{StopChecker, StopUpdate};
 
 #[cfg(test)]

@@ -36,6 +36,16 @@ pub struct SampledToken {
     pub top_logprobs: Vec<(u32, f32)>,
 }
 
+/// A row after [`RequestSampler::prepare`]: what [`RequestSampler::finish`]
+/// needs to report the chosen token's raw logprob.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PreparedRow {
+    /// `log_sum_exp` of the raw row.
+    raw_lse: f32,
+    /// The requested top logprobs of the raw row.
+    top_logprobs: Vec<(u32, f32)>,
+}
+
 /// Block size of the inverse-CDF scan: large enough that block sums
 /// vectorise, small enough that the final element-wise walk is short.
 const PICK_BLOCK: usize = 256;
@@ -111,9 +121,21 @@ impl RequestSampler {
     /// # Panics
     /// If `logits` is empty: the worker never produces an empty row.
     pub fn sample(&mut self, logits: &mut [f32], params: &SamplingParams) -> SampledToken {
+        let prepared = self.prepare(logits, params);
+        let token = self.choose(logits, params, None);
+        self.finish(logits, token, prepared)
+    }
+
+    /// The first half of [`Self::sample`]: the raw logprobs, then min_tokens
+    /// and the penalties applied to `logits` in place. Follow it with
+    /// [`Self::choose`] (or a sampler plugin's choice) and [`Self::finish`].
+    ///
+    /// # Panics
+    /// If `logits` is empty: the worker never produces an empty row.
+    pub fn prepare(&mut self, logits: &mut [f32], params: &SamplingParams) -> PreparedRow {
         assert!(
             !logits.is_empty(),
-            "RequestSampler::sample needs a non-empty logits row"
+            "RequestSampler::prepare needs a non-empty logits row"
         );
         let raw_lse = log_sum_exp(logits);
         let top_logprobs = match params.logprobs {
@@ -126,7 +148,6 @@ impl RequestSampler {
             }
             _ => Vec::new(),
         };
-
         self.saved.clear();
         apply_min_tokens(
             logits,
@@ -136,12 +157,66 @@ impl RequestSampler {
             &mut self.saved,
         );
         apply_penalties(logits, params, &self.history, &mut self.saved);
+        PreparedRow {
+            raw_lse,
+            top_logprobs,
+        }
+    }
 
-        let token = if params.is_greedy() {
+    /// The host's choice on a prepared row: the argmax when greedy, else a
+    /// draw with `u` (one is taken from the request's generator when `None`).
+    pub fn choose(&mut self, logits: &[f32], params: &SamplingParams, u: Option<f64>) -> u32 {
+        if params.is_greedy() {
             argmax(logits) as u32
         } else {
-            self.draw(logits, params)
+            let u = u.unwrap_or_else(|| self.rng.next_f64());
+            self.draw(logits, params, u)
+        }
+    }
+
+    /// The next uniform in [0, 1) of the request's own generator (what a
+    /// sampler plugin draws with).
+    pub fn next_uniform(&mut self) -> f64 {
+        self.rng.next_f64()
+    }
+
+    /// The `k` most likely tokens of a prepared row, most likely first, with
+    /// their log-probabilities at the request's temperature (at 1 when it is
+    /// greedy) over the whole vocabulary. min-p, top-k and top-p are not
+    /// applied: they are cuts a sampler plugin makes itself.
+    pub fn top_candidates(
+        &mut self,
+        logits: &[f32],
+        params: &SamplingParams,
+        k: usize,
+        out: &mut Vec<(u32, f32)>,
+    ) {
+        let inv_t = if params.is_greedy() {
+            1.0
+        } else {
+            1.0 / params.temperature
         };
+        top_k_desc(logits, k.min(logits.len()), out);
+        let max = max_value(logits);
+        if !max.is_finite() {
+            // Degenerate row (all masked or an infinite logit): the ranking
+            // stands, the probabilities do not exist.
+            out.iter_mut().for_each(|c| c.1 = f32::NEG_INFINITY);
+            return;
+        }
+        let sum: f64 = logits
+            .iter()
+            .map(|&l| f64::from(((l - max) * inv_t).exp()))
+            .sum();
+        let lse = sum.ln() as f32;
+        for c in out.iter_mut() {
+            c.1 = (c.1 - max) * inv_t - lse;
+        }
+    }
+
+    /// The second half of [`Self::sample`]: records `token` and reports its
+    /// logprob under the raw model output.
+    pub fn finish(&mut self, logits: &[f32], token: u32, prepared: PreparedRow) -> SampledToken {
         let raw = self
             .saved
             .iter()
@@ -150,16 +225,15 @@ impl RequestSampler {
         self.accept(token);
         SampledToken {
             token,
-            logprob: raw - raw_lse,
-            top_logprobs,
+            logprob: raw - prepared.raw_lse,
+            top_logprobs: prepared.top_logprobs,
         }
     }
 
     /// Random draw from `softmax(logits / T)` restricted by min-p, top-k and
-    /// top-p. Consumes exactly one random number.
-    fn draw(&mut self, logits: &[f32], params: &SamplingParams) -> u32 {
-        // Drawn first, so every random step advances the stream by one.
-        let u = self.rng.next_f64();
+    /// top-p, by the uniform `u` (the caller takes exactly one per random
+    /// step, so the stream advances by one whatever the row).
+    fn draw(&mut self, logits: &[f32], params: &SamplingParams, u: f64) -> u32 {
         let max = max_value(logits);
         if !max.is_finite() {
             // Everything masked, or an infinite logit: the distribution is

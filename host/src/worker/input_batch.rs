@@ -9,8 +9,8 @@
 use thiserror::Error;
 
 use crate::model_runner::{Logits, ModelInput, SeqInput};
-use crate::plugins::{LogitsProcessors, PluginError, Row};
-use crate::sampling::{RequestSampler, SamplingParams};
+use crate::plugins::{LogitsProcessors, OnError, PluginError, Row, SamplerPlugin};
+use crate::sampling::{PreparedRow, RequestSampler, SampledToken, SamplingParams};
 use super::output::{Logprobs, ModelRunnerOutput};
 use crate::scheduler::{ReqHandle, SchedulerOutput};
 
@@ -59,13 +59,27 @@ pub struct InputBatch {
     processors: Option<LogitsProcessors>,
     /// The rows handed to the processors (reused).
     processor_rows: Vec<Row>,
+    /// The sampler plugin, told when requests enter and leave.
+    sampler: Option<SamplerPlugin>,
 }
 
 impl InputBatch {
     /// An empty batch; `eos_token_id` is masked while a request is below its
     /// `min_tokens`.
     pub fn new(eos_token_id: Option<u32>) -> InputBatch {
-        InputBatch { requests: Vec::new(), eos_token_id, processors: None, processor_rows: Vec::new() }
+        InputBatch {
+            requests: Vec::new(),
+            eos_token_id,
+            processors: None,
+            processor_rows: Vec::new(),
+            sampler: None,
+        }
+    }
+
+    /// Installs a sampler plugin; it learns of requests from the next
+    /// `prepare` on (call it before the first step).
+    pub fn set_sampler(&mut self, sampler: SamplerPlugin) {
+        self.sampler = Some(sampler);
     }
 
     /// Installs logits-processor plugins; they learn of requests from the
@@ -106,6 +120,9 @@ impl InputBatch {
             if let Some(p) = self.processors.as_mut() {
                 p.remove(h.0);
             }
+            if let Some(p) = self.sampler.as_mut() {
+                p.remove(h.0);
+            }
         }
         for new in &so.scheduled_new_reqs {
             let i = new.handle.index();
@@ -114,6 +131,10 @@ impl InputBatch {
             }
             let sampler = RequestSampler::new(&new.sampling_params, &new.prompt_token_ids, self.eos_token_id);
             if let Some(p) = self.processors.as_mut() {
+                p.remove(new.handle.0);
+                p.add(new.handle.0, new.sampling_params.extra_args.as_ref());
+            }
+            if let Some(p) = self.sampler.as_mut() {
                 p.remove(new.handle.0);
                 p.add(new.handle.0, new.sampling_params.extra_args.as_ref());
             }
@@ -176,6 +197,9 @@ impl InputBatch {
     /// its known tokens, appends it to the request, and returns
     /// `(handle, token)` pairs in the plan's order.
     pub fn sample(&mut self, plan: &StepPlan, logits: &mut Logits) -> Result<ModelRunnerOutput, BatchError> {
+        if self.sampler.is_some() {
+            return self.sample_with_plugin(plan, logits);
+        }
         let vocab = logits.vocab_size;
         let mut out = ModelRunnerOutput {
             sampled: Vec::with_capacity(plan.rows.len()),
@@ -189,13 +213,73 @@ impl InputBatch {
             let req = self.get_mut(h)?;
             let logits_row = &mut logits.data[row * vocab..(row + 1) * vocab];
             let sampled = req.sampler.sample(logits_row, &req.params);
-            req.token_ids.push(sampled.token);
-            out.sampled.push((h, [sampled.token]));
-            out.logprobs.push(
-                req.params
-                    .logprobs
-                    .map(|_| Logprobs { logprob: sampled.logprob, top: sampled.top_logprobs }),
-            );
+            record(&mut out, h, req, sampled);
+        }
+        Ok(out)
+    }
+
+    /// [`Self::sample`] with the sampler plugin choosing each row's token
+    /// among the host's top-k candidates, in one call for the whole step.
+    /// On a fault the rows are sampled by the host (`on_error = "fallback"`)
+    /// or their requests fail (`"fail"`).
+    fn sample_with_plugin(&mut self, plan: &StepPlan, logits: &mut Logits) -> Result<ModelRunnerOutput, BatchError> {
+        let vocab = logits.vocab_size;
+        let Some(plugin) = self.sampler.as_mut() else { return Ok(ModelRunnerOutput::default()) };
+        plugin.clear_rows();
+        let mut rows: Vec<(ReqHandle, usize, PreparedRow, f64)> = Vec::with_capacity(plan.rows.len());
+        let mut candidates = Vec::with_capacity(plugin.k());
+        for (row, &(h, samples)) in plan.rows.iter().enumerate() {
+            if !samples {
+                continue;
+            }
+            let req = self
+                .requests
+                .get_mut(h.index())
+                .and_then(Option::as_mut)
+                .ok_or_else(|| BatchError(format!("request {h:?} is not in the batch")))?;
+            let logits_row = &mut logits.data[row * vocab..(row + 1) * vocab];
+            let prepared = req.sampler.prepare(logits_row, &req.params);
+            req.sampler.top_candidates(logits_row, &req.params, plugin.k(), &mut candidates);
+            // A vocabulary smaller than k: repeat the last candidate, so every
+            // row has exactly k as the contract says.
+            while candidates.len() < plugin.k() {
+                candidates.push(*candidates.last().unwrap_or(&(0, f32::NEG_INFINITY)));
+            }
+            let u = req.sampler.next_uniform();
+            // Rounding to f32 may reach 1.0; the contract says [0, 1).
+            plugin.push_row(h.0, &candidates, (u as f32).min(1.0 - f32::EPSILON / 2.0));
+            rows.push((h, row, prepared, u));
+        }
+        let mut out = ModelRunnerOutput {
+            sampled: Vec::with_capacity(rows.len()),
+            logprobs: Vec::with_capacity(rows.len()),
+            failed: Vec::new(),
+        };
+        if rows.is_empty() {
+            return Ok(out);
+        }
+        let chosen = match plugin.choose() {
+            Ok(tokens) => Some(tokens),
+            Err(e) => match plugin.on_error() {
+                OnError::Fallback => {
+                    tracing::warn!("{e}; the host samples this step's rows");
+                    None
+                }
+                OnError::Fail => {
+                    self.fail(rows.iter().map(|r| r.0));
+                    return Ok(ModelRunnerOutput::failed(rows.iter().map(|r| r.0), &e.to_string()));
+                }
+            },
+        };
+        for (i, (h, row, prepared, u)) in rows.into_iter().enumerate() {
+            let req = self.get_mut(h)?;
+            let logits_row = &logits.data[row * vocab..(row + 1) * vocab];
+            let token = match &chosen {
+                Some(tokens) => tokens[i],
+                None => req.sampler.choose(logits_row, &req.params, Some(u)),
+            };
+            let sampled = req.sampler.finish(logits_row, token, prepared);
+            record(&mut out, h, req, sampled);
         }
         Ok(out)
     }
@@ -216,4 +300,15 @@ impl InputBatch {
             .and_then(Option::as_mut)
             .ok_or_else(|| BatchError(format!("request {h:?} is not in the batch")))
     }
+}
+
+/// Appends `sampled` to `req` and reports it (with logprobs when asked).
+fn record(out: &mut ModelRunnerOutput, h: ReqHandle, req: &mut CachedRequestState, sampled: SampledToken) {
+    req.token_ids.push(sampled.token);
+    out.sampled.push((h, [sampled.token]));
+    out.logprobs.push(
+        req.params
+            .logprobs
+            .map(|_| Logprobs { logprob: sampled.logprob, top: sampled.top_logprobs }),
+    );
 }
