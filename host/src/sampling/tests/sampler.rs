@@ -421,3 +421,56 @@ fn fully_masked_row_does_not_panic() {
     let t = s.sample(&mut logits, &params).token;
     assert!(t < 2);
 }
+
+#[test]
+fn top_candidates_are_the_tempered_softmax_of_the_penalised_row() {
+    let logits = random_logits(11, 300, 4.0);
+    let params = SamplingParams {
+        temperature: 0.7,
+        repetition_penalty: 1.3,
+        ..seeded(4)
+    };
+    let mut s = RequestSampler::new(&params, &[5, 9], None);
+    let mut row = logits.clone();
+    s.prepare(&mut row, &params);
+    let mut out = Vec::new();
+    s.top_candidates(&row, &params, 5, &mut out);
+    // Expected: the textbook softmax of the penalised row at T = 0.7.
+    let probs = softmax(&row, 0.7);
+    let mut order: Vec<usize> = (0..probs.len()).collect();
+    order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
+    assert_eq!(out.len(), 5);
+    for (c, &i) in out.iter().zip(&order) {
+        assert_eq!(c.0 as usize, i);
+        assert!((f64::from(c.1) - probs[i].ln()).abs() < 1e-4, "{c:?}");
+    }
+    // The penalty reached the prompt tokens.
+    assert!(row[5] < logits[5] && row[9] < logits[9]);
+}
+
+/// A sampler plugin's fallback: the row is prepared, its candidates taken
+/// and its uniform drawn for the plugin, then the host draws with that
+/// uniform; the tokens and logprobs are what plain sampling gives.
+#[test]
+fn the_fallback_with_the_plugins_uniform_samples_as_the_host_would() {
+    let logits = random_logits(12, 500, 3.0);
+    for temperature in [0.0, 0.9] {
+        let params = SamplingParams {
+            temperature,
+            logprobs: Some(3),
+            ..seeded(8)
+        };
+        let mut host = RequestSampler::new(&params, &[], None);
+        let mut fallback = RequestSampler::new(&params, &[], None);
+        let mut candidates = Vec::new();
+        for _ in 0..20 {
+            let want = host.sample(&mut logits.clone(), &params);
+            let mut row = logits.clone();
+            let prepared = fallback.prepare(&mut row, &params);
+            fallback.top_candidates(&row, &params, 20, &mut candidates);
+            let u = fallback.next_uniform();
+            let token = fallback.choose(&row, &params, Some(u));
+            assert_eq!(fallback.finish(&row, token, prepared), want);
+        }
+    }
+}
