@@ -13,6 +13,11 @@
 //! - `plugin_processor/process/64`: `engine:logit-bias` over a batch of 64
 //!   rows of the real vocabulary size (49152), each request banning two
 //!   tokens and biasing one: the call plus applying the edits;
+//! - `plugin_sampler/{host,engine:typical-p}/64`: sampling a batch of 64
+//!   rows of the real vocabulary (seeded, temperature 0.8): the host's
+//!   sampler beside the sampler plugin's whole path (the host's top-20
+//!   candidates per row, one `choose` call, the chosen tokens recorded);
+//!   `plugin_sampler/choose/64` is the plugin call alone;
 //! - `plugin_load/{compile,cached}`: compiling a component with Cranelift
 //!   versus loading its compiled form from the on-disk cache;
 //! - `plugin_step/<policy>/{256,1024}`: one whole scheduler step
@@ -36,7 +41,7 @@ use std::time::{Duration, Instant};
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
 use host::config::PluginsConfig;
 use host::plugins::{host_from_config, runtime_from_config, PluginHost, Row};
-use host::sampling::SamplingParams;
+use host::sampling::{RequestSampler, SamplingParams};
 use host::scheduler::{
     builtin_policy, ReqHandle, Request, RequestOutput, RunningView, Scheduler, SchedulerConfig,
     SchedulerOutput, SchedulingPolicy, WaitingView,
@@ -203,6 +208,65 @@ fn bench_processor(c: &mut Criterion) {
     group.finish();
 }
 
+fn bench_sampler(c: &mut Criterion) {
+    let cache = tempfile::tempdir().unwrap();
+    let host = plugin_host(&["typical_p"], cache.path());
+    let k = 20;
+    let mut plugin = host.sampler("engine:typical-p", k).unwrap().unwrap();
+    let (batch, vocab) = (64usize, 49152usize);
+    let params = SamplingParams {
+        temperature: 0.8,
+        seed: Some(1),
+        ..SamplingParams::default()
+    };
+    // A skewed, deterministic distribution per row.
+    let logits: Vec<f32> = (0..batch * vocab)
+        .map(|i| ((i as u64 * 2654435761) % 1000) as f32 / 100.0)
+        .collect();
+    let mut samplers: Vec<RequestSampler> = (0..batch)
+        .map(|_| RequestSampler::new(&params, &[1, 2, 3], None))
+        .collect();
+    for i in 0..batch as u32 {
+        plugin.add(i, None);
+    }
+    let mut work = logits.clone();
+    let mut group = c.benchmark_group("plugin_sampler");
+    group.bench_function(BenchmarkId::new("host", batch), |b| {
+        b.iter(|| {
+            work.copy_from_slice(&logits);
+            for (row, s) in work.chunks_exact_mut(vocab).zip(&mut samplers) {
+                black_box(s.sample(row, &params));
+            }
+        })
+    });
+    let mut candidates = Vec::with_capacity(k);
+    group.bench_function(BenchmarkId::new("engine:typical-p", batch), |b| {
+        b.iter(|| {
+            work.copy_from_slice(&logits);
+            plugin.clear_rows();
+            let mut prepared = Vec::with_capacity(batch);
+            for (i, (row, s)) in work.chunks_exact_mut(vocab).zip(&mut samplers).enumerate() {
+                prepared.push(s.prepare(row, &params));
+                s.top_candidates(row, &params, k, &mut candidates);
+                plugin.push_row(i as u32, &candidates, s.next_uniform() as f32);
+            }
+            let tokens = plugin.choose().unwrap();
+            for (((row, s), p), t) in work
+                .chunks_exact(vocab)
+                .zip(&mut samplers)
+                .zip(prepared)
+                .zip(tokens)
+            {
+                black_box(s.finish(row, t, p));
+            }
+        })
+    });
+    group.bench_function(BenchmarkId::new("choose", batch), |b| {
+        b.iter(|| black_box(plugin.choose().unwrap()))
+    });
+    group.finish();
+}
+
 fn bench_load(c: &mut Criterion) {
     let bytes = std::fs::read(plugin("shortest_prompt_first")).unwrap();
     let uncached = runtime_from_config(&PluginsConfig {
@@ -351,6 +415,7 @@ criterion_group!(
     bench_policy,
     bench_python_policy,
     bench_processor,
+    bench_sampler,
     bench_load,
     bench_step
 );
