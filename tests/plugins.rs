@@ -38,9 +38,10 @@ fn request(text: &str, params: SamplingParams) -> GenerateRequest {
     }
 }
 
-/// Request indices in the order their first token came out.
-fn admission_order(policy: &str) -> (Vec<usize>, Vec<usize>) {
-    let mut c = engine_config(&["shortest_prompt_first", "fcfs"]);
+/// Request indices in the order their first token came out, with the
+/// requests' `priorities`, and the order of ascending prompt length.
+fn admission_order(policy: &str, priorities: [i32; 5]) -> (Vec<usize>, Vec<usize>) {
+    let mut c = engine_config(&["shortest_prompt_first", "fcfs", "priority"]);
     c.scheduler.policy = policy.into();
     c.scheduler.max_num_seqs = 1;
     let mut llm = Llm::new(&c).unwrap();
@@ -55,7 +56,11 @@ fn admission_order(policy: &str) -> (Vec<usize>, Vec<usize>) {
         .iter()
         .map(|t| llm.encode(&Prompt::Text(t.to_string())).unwrap().len())
         .collect();
-    let reqs: Vec<GenerateRequest> = texts.iter().map(|t| request(t, greedy(2))).collect();
+    let reqs: Vec<GenerateRequest> = texts
+        .iter()
+        .zip(priorities)
+        .map(|(t, priority)| GenerateRequest { priority, ..request(t, greedy(2)) })
+        .collect();
     let done = llm.generate(&reqs, |_, _| {}, |_, _| {}).unwrap();
     let ttft: Vec<f64> = done
         .iter()
@@ -70,17 +75,32 @@ fn admission_order(policy: &str) -> (Vec<usize>, Vec<usize>) {
 
 #[test]
 fn shortest_prompt_first_admits_short_prompts_first() {
-    let (order, by_len) = admission_order("engine:shortest-prompt-first");
+    let (order, by_len) = admission_order("engine:shortest-prompt-first", [0; 5]);
     assert_eq!(order, by_len, "admitted in ascending prompt length");
     // The same queue under FCFS, built in and as a plugin: submission order.
     for fcfs in ["builtin:fcfs", "engine:fcfs"] {
-        let (order, by_len) = admission_order(fcfs);
+        let (order, by_len) = admission_order(fcfs, [0; 5]);
         assert_eq!(order, [0, 1, 2, 3, 4], "{fcfs}");
         assert_ne!(
             order, by_len,
             "the prompts were chosen so the two orders differ"
         );
     }
+}
+
+#[test]
+fn the_priority_plugin_admits_the_most_important_first() {
+    // Lower value = more important (vLLM); ties keep submission order.
+    let priorities = [3, 1, 2, 0, 1];
+    let mut expected: Vec<usize> = (0..5).collect();
+    expected.sort_by_key(|&i| priorities[i]);
+    assert_eq!(expected, [3, 1, 4, 2, 0]);
+    for policy in ["engine:priority", "builtin:priority"] {
+        let (order, _) = admission_order(policy, priorities);
+        assert_eq!(order, expected, "{policy}");
+    }
+    let (fcfs, _) = admission_order("engine:fcfs", priorities);
+    assert_eq!(fcfs, [0, 1, 2, 3, 4], "FCFS ignores priorities");
 }
 
 #[test]
