@@ -6,6 +6,7 @@
 //! must drain or abort as asked, and a crash anywhere must reach every
 //! stream as the engine-dead sentinel.
 
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -95,6 +96,7 @@ const TEXTS: [&str; 6] = [
 
 #[test]
 fn streams_from_many_threads_equal_the_offline_api() {
+    let _engines = shared();
     let params = greedy(10);
     let mut llm = Llm::new(&config(512)).unwrap();
     let prompts: Vec<Vec<u32>> = TEXTS
@@ -144,6 +146,7 @@ fn streams_from_many_threads_equal_the_offline_api() {
 
 #[test]
 fn dropping_a_stream_aborts_its_request_and_frees_its_blocks() {
+    let _engines = shared();
     for mode in MODES {
         let (client, tokenizer) = start(mode, &config(512));
         let ids = tokenizer.encode(TEXTS[1], true).unwrap();
@@ -172,6 +175,7 @@ fn dropping_a_stream_aborts_its_request_and_frees_its_blocks() {
 
 #[test]
 fn a_request_that_can_never_fit_is_refused_and_the_engine_carries_on() {
+    let _engines = shared();
     for mode in MODES {
         // 8 blocks of 16 tokens: 128 tokens of KV in all, so the engine
         // serves contexts of at most 128 tokens.
@@ -204,6 +208,7 @@ fn a_request_that_can_never_fit_is_refused_and_the_engine_carries_on() {
 
 #[test]
 fn utility_calls_reach_the_engine_and_unknown_ones_are_named() {
+    let _engines = shared();
     for mode in MODES {
         let (client, _) = start(mode, &config(64));
         assert_eq!(
@@ -224,6 +229,19 @@ fn utility_calls_reach_the_engine_and_unknown_ones_are_named() {
     }
 }
 
+/// In-process engines of concurrently running tests share this process, so
+/// a test that looks at "the" engine-core thread runs alone (`exclusive`)
+/// while the others share.
+static ENGINES: RwLock<()> = RwLock::new(());
+
+fn shared() -> RwLockReadGuard<'static, ()> {
+    ENGINES.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn exclusive() -> RwLockWriteGuard<'static, ()> {
+    ENGINES.write().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The state letter of the thread named `name` (`R` running, `S`
 /// sleeping) of process `pid` (`self` for this one), from /proc.
 fn thread_state(pid: &str, name: &str) -> Option<char> {
@@ -240,6 +258,7 @@ fn thread_state(pid: &str, name: &str) -> Option<char> {
 
 #[test]
 fn an_idle_engine_sleeps_and_wakes_for_new_work() {
+    let _engines = exclusive();
     for mode in MODES {
         let (client, tokenizer) = start(mode, &config(64));
         let pid = match mode {
@@ -276,6 +295,7 @@ fn an_idle_engine_sleeps_and_wakes_for_new_work() {
 
 #[test]
 fn shutdown_drains_or_aborts_as_asked() {
+    let _engines = shared();
     for mode in MODES {
         let (client, tokenizer) = start(mode, &config(128));
         let ids = tokenizer.encode(TEXTS[3], true).unwrap();
@@ -355,6 +375,7 @@ fn kill9(pid: u32) {
 
 #[test]
 fn a_crashed_engine_core_process_reaches_every_stream_as_the_sentinel() {
+    let _engines = shared();
     let (client, tokenizer) = start(Mode::Process, &config(128));
     let ids = tokenizer.encode(TEXTS[5], true).unwrap();
     let mut stream = client
@@ -381,6 +402,7 @@ fn a_crashed_engine_core_process_reaches_every_stream_as_the_sentinel() {
 
 #[test]
 fn a_dead_worker_kills_the_engine_and_every_stream_gets_the_sentinel() {
+    let _engines = shared();
     let mut c = config(128);
     c.parallel.distributed_executor_backend = "mp".into();
     let (client, tokenizer) = EngineCoreClient::start_in_process(&c).unwrap();
