@@ -367,6 +367,21 @@ impl PluginHost {
         self.options.get(name).map_or("{}", String::as_str)
     }
 
+    /// The known plugin `name` of kind `wanted`, instantiated and
+    /// initialised with its options; `pre` picks that kind's linked
+    /// component (it matches whenever `find` accepted the kind).
+    fn instantiate<W: World>(
+        &self,
+        key: &'static str,
+        name: &str,
+        wanted: PluginKind,
+        pre: impl Fn(&Linked) -> Option<&Arc<W::Pre>>,
+    ) -> Result<Sandboxed<W>, PluginError> {
+        let (info, linked) = self.find(key, name, wanted)?;
+        let pre = pre(linked).expect("find checked the kind").clone();
+        Sandboxed::new(&info.name, self.options_of(name), self.runtime.clone(), pre)
+    }
+
     /// The scheduling policy named `name`: a built-in (`builtin:fcfs`,
     /// `builtin:priority`, or vLLM's bare `fcfs` / `priority`) or a known
     /// plugin, instantiated and initialised with its options.
@@ -380,32 +395,20 @@ impl PluginHost {
     /// The scheduling-policy plugin named `name`, as its concrete type
     /// (fault counters for tests and benchmarks).
     pub fn wasm_policy(&self, name: &str) -> Result<WasmPolicy, PluginError> {
-        let (info, linked) = self.find("scheduler.policy", name, PluginKind::SchedulingPolicy)?;
-        let Linked::Policy(pre) = linked else {
-            unreachable!("find checked the kind")
-        };
-        let plugin = Sandboxed::new(
-            &info.name,
-            self.options_of(name),
-            self.runtime.clone(),
-            pre.clone(),
-        )?;
+        let plugin = self.instantiate("scheduler.policy", name, PluginKind::SchedulingPolicy, |l| match l {
+            Linked::Policy(pre) => Some(pre),
+            _ => None,
+        })?;
         Ok(WasmPolicy::new(plugin, self.on_error))
     }
 
     /// The worker extension named `name` (`worker.extension`),
     /// instantiated and initialised with its options.
     pub fn worker_extension(&self, name: &str) -> Result<WorkerExtension, PluginError> {
-        let (info, linked) = self.find("worker.extension", name, PluginKind::WorkerExtension)?;
-        let Linked::Extension(pre) = linked else {
-            unreachable!("find checked the kind")
-        };
-        let plugin = Sandboxed::new(
-            &info.name,
-            self.options_of(name),
-            self.runtime.clone(),
-            pre.clone(),
-        )?;
+        let plugin = self.instantiate("worker.extension", name, PluginKind::WorkerExtension, |l| match l {
+            Linked::Extension(pre) => Some(pre),
+            _ => None,
+        })?;
         WorkerExtension::new(plugin)
     }
 
@@ -420,19 +423,14 @@ impl PluginHost {
         }
         let mut plugins = Vec::new();
         for name in names {
-            let (info, linked) = self.find(
+            plugins.push(self.instantiate(
                 "plugins.logits_processors",
                 name,
                 PluginKind::LogitsProcessor,
-            )?;
-            let Linked::Processor(pre) = linked else {
-                unreachable!("find checked the kind")
-            };
-            plugins.push(Sandboxed::new(
-                &info.name,
-                self.options_of(name),
-                self.runtime.clone(),
-                pre.clone(),
+                |l| match l {
+                    Linked::Processor(pre) => Some(pre),
+                    _ => None,
+                },
             )?);
         }
         Ok(Some(LogitsProcessors::new(plugins, self.on_error)))
@@ -449,16 +447,10 @@ impl PluginHost {
                 "plugins.sampler_top_k = 0; the sampler needs at least 1 candidate per row".into(),
             ));
         }
-        let (info, linked) = self.find("plugins.sampler", name, PluginKind::Sampler)?;
-        let Linked::Sampler(pre) = linked else {
-            unreachable!("find checked the kind")
-        };
-        let plugin = Sandboxed::new(
-            &info.name,
-            self.options_of(name),
-            self.runtime.clone(),
-            pre.clone(),
-        )?;
+        let plugin = self.instantiate("plugins.sampler", name, PluginKind::Sampler, |l| match l {
+            Linked::Sampler(pre) => Some(pre),
+            _ => None,
+        })?;
         Ok(Some(SamplerPlugin::new(plugin, top_k, self.on_error)))
     }
 }
