@@ -14,12 +14,12 @@ use wasmtime::component::types::ComponentItem;
 use wasmtime::component::Component;
 
 use super::bindings::{self, extension, policy, processor};
-use super::instance::{Sandboxed, World};
 use super::extension::WorkerExtension;
+use super::instance::{Sandboxed, World};
 use super::policy::WasmPolicy;
 use super::processor::LogitsProcessors;
-use super::sampler::SamplerPlugin;
 use super::runtime::{describe_fault, PluginRuntime};
+use super::sampler::SamplerPlugin;
 use super::{OnError, PluginError, PluginKind};
 use crate::scheduler::policy::{builtin_policy, SchedulingPolicy, BUILTIN_POLICIES};
 
@@ -395,20 +395,30 @@ impl PluginHost {
     /// The scheduling-policy plugin named `name`, as its concrete type
     /// (fault counters for tests and benchmarks).
     pub fn wasm_policy(&self, name: &str) -> Result<WasmPolicy, PluginError> {
-        let plugin = self.instantiate("scheduler.policy", name, PluginKind::SchedulingPolicy, |l| match l {
-            Linked::Policy(pre) => Some(pre),
-            _ => None,
-        })?;
+        let plugin = self.instantiate(
+            "scheduler.policy",
+            name,
+            PluginKind::SchedulingPolicy,
+            |l| match l {
+                Linked::Policy(pre) => Some(pre),
+                _ => None,
+            },
+        )?;
         Ok(WasmPolicy::new(plugin, self.on_error))
     }
 
     /// The worker extension named `name` (`worker.extension`),
     /// instantiated and initialised with its options.
     pub fn worker_extension(&self, name: &str) -> Result<WorkerExtension, PluginError> {
-        let plugin = self.instantiate("worker.extension", name, PluginKind::WorkerExtension, |l| match l {
-            Linked::Extension(pre) => Some(pre),
-            _ => None,
-        })?;
+        let plugin = self.instantiate(
+            "worker.extension",
+            name,
+            PluginKind::WorkerExtension,
+            |l| match l {
+                Linked::Extension(pre) => Some(pre),
+                _ => None,
+            },
+        )?;
         WorkerExtension::new(plugin)
     }
 
@@ -447,10 +457,11 @@ impl PluginHost {
                 "plugins.sampler_top_k = 0; the sampler needs at least 1 candidate per row".into(),
             ));
         }
-        let plugin = self.instantiate("plugins.sampler", name, PluginKind::Sampler, |l| match l {
-            Linked::Sampler(pre) => Some(pre),
-            _ => None,
-        })?;
+        let plugin =
+            self.instantiate("plugins.sampler", name, PluginKind::Sampler, |l| match l {
+                Linked::Sampler(pre) => Some(pre),
+                _ => None,
+            })?;
         Ok(Some(SamplerPlugin::new(plugin, top_k, self.on_error)))
     }
 }
