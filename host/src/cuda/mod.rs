@@ -3,14 +3,16 @@
 //! run time, so this builds without a CUDA toolkit.
 //!
 //! Verified without a GPU: [`nvrtc`] (every kernel compiles to sm_90 PTX),
-//! [`memory`], [`graphs`], [`metadata`] and [`philox`]. See docs/cuda.md
-//! for what still awaits a GPU.
+//! [`memory`], [`graphs`], [`metadata`], [`philox`] and [`sampler`]'s
+//! packing and eligibility. See docs/cuda.md for what still awaits a GPU.
 //!
 //! - [`nvrtc`]: the CUDA C kernels and their compilation to PTX, cached;
 //! - [`memory`]: the KV-cache budget from the memory snapshots;
 //! - [`graphs`]: the CUDA-graph capture sizes and batch padding;
 //! - [`metadata`]: block tables and slot mappings in the kernels' layout;
-//! - [`philox`]: the sampler's counter-based generator, host reference.
+//! - [`philox`]: the sampler's counter-based generator, host reference;
+//! - [`sampler`]: device sampling driven from the host, and which requests
+//!   may use it.
 
 pub mod device;
 pub mod graphs;
@@ -19,6 +21,7 @@ pub mod metadata;
 pub mod nvrtc;
 pub mod philox;
 pub mod runner;
+pub mod sampler;
 pub mod weights;
 
 /// The CUDA bindings the runner is built on, for the device checks
