@@ -1,12 +1,14 @@
 //! Device sampling (`DeviceSampler` over kernels/sampling.cu) against the
 //! CPU sampler: top-k keeps exactly k tokens (ties: lowest ids), draws
 //! follow the softmax, and on random logits greedy equals the CPU's argmax
-//! and every draw is the host Philox Gumbel-max over the CPU's support.
+//! and every draw is the host Philox Gumbel-max over the CPU sampler's
+//! support (`host_draw`'s, which also draws it on the host).
 
 use host::cuda::device::Gpu;
+use host::cuda::host_draw::{device_support, draw_like_device};
 use host::cuda::philox::gumbel;
 use host::cuda::sampler::{DeviceRow, DeviceSampler, SparseBias};
-use host::sampling::{exp, nucleus, select};
+use host::sampling::select;
 
 use super::{gpu, Rng};
 
@@ -46,36 +48,6 @@ fn row(
         seed,
         position,
     }
-}
-
-/// The tokens the CPU sampler can draw from `logits` under `p`: those left
-/// with a positive weight by the CPU's own min-p, top-k and top-p
-/// (`RequestSampler::draw`'s steps, in its order).
-fn cpu_support(logits: &[f32], p: &DeviceRow) -> Vec<u32> {
-    let max = select::max_value(logits);
-    let cutoff = if p.min_p > 0.0 {
-        max + p.temperature * p.min_p.ln()
-    } else {
-        f32::NEG_INFINITY
-    };
-    let mut ids: Vec<u32> = (0..logits.len() as u32).collect();
-    let mut vals = logits.to_vec();
-    if p.top_k > 0 && (p.top_k as usize) < logits.len() {
-        let mut top = Vec::new();
-        select::top_k_in_index_order(logits, p.top_k as usize, &mut top);
-        ids = top.iter().map(|c| c.0).collect();
-        vals = top.iter().map(|c| c.1).collect();
-    }
-    let mut w = Vec::new();
-    exp::fill_weights(&vals, max, 1.0 / p.temperature, cutoff, &mut w);
-    if p.top_p < 1.0 {
-        nucleus::apply_top_p(&mut w, p.top_p, &mut Vec::new());
-    }
-    ids.into_iter()
-        .zip(w)
-        .filter(|&(_, w)| w > 0.0)
-        .map(|(t, _)| t)
-        .collect()
 }
 
 /// The device's draw by the host references: Gumbel-max with the host
@@ -189,7 +161,7 @@ fn top_k_keeps_exactly_k_tokens_with_ties_lowest_ids_first() {
     for (c, (name, l, k, _, _, allowed)) in cases.iter().enumerate() {
         // The CPU keeps the same tokens (the hand-written set is the spec).
         assert_eq!(
-            &cpu_support(l, &rows[c * per_case]),
+            &device_support(l, &rows[c * per_case]),
             allowed,
             "{name}: the CPU's support"
         );
@@ -297,7 +269,7 @@ fn device_sampler_matches_the_cpu_reference() {
         }
         sampled += 1;
         not_argmax += usize::from(got[i] != argmax);
-        let support = cpu_support(l, p);
+        let support = device_support(l, p);
         let floor = support
             .iter()
             .map(|&t| l[t as usize])
@@ -317,6 +289,12 @@ fn device_sampler_matches_the_cpu_reference() {
             .collect();
         if margin > 1e-3 && gumbel_reference(l, p, &loose).0 == want {
             assert_eq!(got[i], want, "row {i} {p:?}: the Philox Gumbel-max draw");
+            // What a worker draws for this row when it samples on the host.
+            assert_eq!(
+                draw_like_device(l, p),
+                want,
+                "row {i} {p:?}: draw_like_device"
+            );
             compared += 1;
         }
     }

@@ -3,8 +3,9 @@
 //! run time, so this builds without a CUDA toolkit.
 //!
 //! Verified without a GPU: [`nvrtc`] (every kernel compiles to sm_90 PTX),
-//! [`memory`], [`graphs`], [`metadata`], [`philox`] and [`sampler`]'s
-//! packing and eligibility. See docs/cuda.md for what still awaits a GPU.
+//! [`memory`], [`graphs`], [`metadata`], [`philox`], [`sampler`]'s
+//! packing and eligibility, and [`host_draw`]. See docs/cuda.md for what
+//! still awaits a GPU.
 //!
 //! - [`nvrtc`]: the CUDA C kernels and their compilation to PTX, cached;
 //! - [`memory`]: the KV-cache budget from the memory snapshots;
@@ -12,10 +13,12 @@
 //! - [`metadata`]: block tables and slot mappings in the kernels' layout;
 //! - [`philox`]: the sampler's counter-based generator, host reference;
 //! - [`sampler`]: device sampling driven from the host, and which requests
-//!   may use it.
+//!   may use it;
+//! - [`host_draw`]: the device sampler's draw computed on the host.
 
 pub mod device;
 pub mod graphs;
+pub mod host_draw;
 pub mod memory;
 pub mod metadata;
 pub mod nvrtc;
