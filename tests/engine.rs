@@ -15,7 +15,7 @@ fn config(kv_blocks: u64, max_num_batched_tokens: usize, prefix_caching: bool) -
     c.scheduler.max_num_batched_tokens = max_num_batched_tokens;
     c.cache.enable_prefix_caching = prefix_caching;
     // One block of SmolLM2: 30 layers x K and V x 3 heads x 64 dims x 16 slots x 4 bytes.
-    c.cache.kv_cache_memory_bytes = kv_blocks * 30 * 2 * 3 * 64 * 16 * 4;
+    c.cache.kv_cache_memory_bytes = Some(kv_blocks * 30 * 2 * 3 * 64 * 16 * 4);
     c
 }
 

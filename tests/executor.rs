@@ -32,7 +32,7 @@ fn config(backend: &str) -> EngineConfig {
     c.model.path = e2e::default_model();
     c.model.max_model_len = 512;
     c.worker.num_threads = 1;
-    c.cache.kv_cache_memory_bytes = 64 << 20;
+    c.cache.kv_cache_memory_bytes = Some(64 << 20);
     c.parallel.distributed_executor_backend = backend.into();
     c.parallel.worker_executable = Some(e2e::host_bin());
     c.parallel.worker_start_timeout_s = 60.0;

@@ -15,7 +15,7 @@ fn engine_config(paths: &[&str]) -> EngineConfig {
     let mut c = EngineConfig::default();
     c.model.path = e2e::default_model();
     c.model.max_model_len = 256;
-    c.cache.kv_cache_memory_bytes = 64 * 30 * 2 * 3 * 64 * 16 * 4;
+    c.cache.kv_cache_memory_bytes = Some(64 * 30 * 2 * 3 * 64 * 16 * 4);
     c.plugins.paths = paths.iter().map(|p| plugin(p)).collect();
     c.plugins.cache_dir = Some(std::env::temp_dir().join("host-plugin-tests-cache"));
     c

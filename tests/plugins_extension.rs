@@ -20,7 +20,7 @@ fn engine_config(backend: &str) -> EngineConfig {
     let mut c = EngineConfig::default();
     c.model.path = e2e::default_model();
     c.model.max_model_len = 256;
-    c.cache.kv_cache_memory_bytes = 64 * 30 * 2 * 3 * 64 * 16 * 4;
+    c.cache.kv_cache_memory_bytes = Some(64 * 30 * 2 * 3 * 64 * 16 * 4);
     c.parallel.distributed_executor_backend = backend.into();
     c.plugins.paths = vec![plugin("weight_tools"), plugin("fcfs")];
     c.plugins.cache_dir = Some(std::env::temp_dir().join("host-plugin-tests-cache"));
@@ -154,7 +154,7 @@ fn model_info_and_kv_cache_stats_describe_the_engine() {
     );
     assert_eq!(
         kv["num_blocks"].as_u64().unwrap(),
-        c.cache.kv_cache_memory_bytes / per_block
+        c.cache.kv_cache_memory_bytes.unwrap() / per_block
     );
     let names = rpc(&mut llm, "engine:weight-tools.weight_names", Value::Null).unwrap();
     // The embedding, the final norm and 9 per layer (the LM head is tied).

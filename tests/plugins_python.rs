@@ -67,7 +67,7 @@ fn engine_config(wasm: &std::path::Path) -> EngineConfig {
     let mut c = EngineConfig::default();
     c.model.path = e2e::default_model();
     c.model.max_model_len = 256;
-    c.cache.kv_cache_memory_bytes = 64 * 30 * 2 * 3 * 64 * 16 * 4;
+    c.cache.kv_cache_memory_bytes = Some(64 * 30 * 2 * 3 * 64 * 16 * 4);
     c.plugins.paths = vec![wasm.to_path_buf()];
     c.plugins.cache_dir = Some(cache_dir());
     c

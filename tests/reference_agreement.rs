@@ -14,7 +14,7 @@ use host::kernels::{MatmulPath, ThreadPool};
 use host::model::gguf::GgufFile;
 use host::model::LoadFormat;
 use host::model_runner::{CpuModelRunner, ModelInput, RunnerConfig, SeqInput};
-use host::worker::{Worker, WorkerConfig};
+use host::worker::{Worker, WorkerConfig, WorkerDevice};
 
 /// Fixed prompts of varied length (17 to 101 tokens: one to seven blocks of
 /// 16) and kind (chat, prose, counting).
@@ -465,10 +465,14 @@ fn worker_lifecycle_serves_the_model() {
     let mut w = Worker::new(WorkerConfig {
         model: default_model(),
         load_format: LoadFormat::Auto,
+        device: WorkerDevice::Cpu,
         num_threads: 2,
-        kv_cache_memory_bytes: 64 << 20,
+        kv_cache_memory_bytes: Some(64 << 20),
+        gpu_memory_utilization: 0.9,
         block_size: BLOCK_SIZE,
         max_num_batched_tokens: 256,
+        max_num_seqs: 8,
+        enforce_eager: false,
         max_model_len: Some(512),
         eos_token_id: None,
     })

@@ -35,7 +35,7 @@ fn config(backend: &str, tp: usize) -> EngineConfig {
     c.model.path = e2e::default_model();
     c.model.max_model_len = 256;
     c.worker.num_threads = 1;
-    c.cache.kv_cache_memory_bytes = 32 << 20;
+    c.cache.kv_cache_memory_bytes = Some(32 << 20);
     c.parallel.distributed_executor_backend = backend.into();
     c.parallel.tensor_parallel_size = tp;
     c.parallel.worker_executable = Some(e2e::host_bin());

@@ -40,7 +40,7 @@ fn config() -> EngineConfig {
     );
     c.model.max_model_len = 512;
     c.worker.num_threads = 1;
-    c.cache.kv_cache_memory_bytes = 16 << 20;
+    c.cache.kv_cache_memory_bytes = Some(16 << 20);
     c.parallel.distributed_executor_backend = "mp".into();
     c.parallel.worker_executable = Some(env!("CARGO_BIN_EXE_host").into());
     c

@@ -55,6 +55,9 @@ pub struct ModelConfig {
     pub max_model_len: usize,
     /// Seed of the dummy weights (`load_format = "dummy"`).
     pub seed: u64,
+    /// Run every step eagerly: no CUDA graphs on a GPU worker (vLLM's
+    /// `enforce_eager`); the CPU worker always runs eagerly.
+    pub enforce_eager: bool,
 }
 
 impl Default for ModelConfig {
@@ -65,6 +68,7 @@ impl Default for ModelConfig {
             tokenizer: None,
             max_model_len: 0,
             seed: 0,
+            enforce_eager: false,
         }
     }
 }
@@ -110,15 +114,36 @@ impl Default for SchedulerConfig {
 pub struct CacheConfig {
     /// Tokens per KV block.
     pub block_size: usize,
-    /// Memory given to the KV cache on CPU workers, in bytes.
-    pub kv_cache_memory_bytes: u64,
+    /// Memory given to the KV cache, in bytes (vLLM's
+    /// `kv_cache_memory_bytes`). Unset: [`DEFAULT_CPU_KV_CACHE_BYTES`] on a
+    /// CPU worker; on a GPU worker, what `gpu_memory_utilization` leaves.
+    pub kv_cache_memory_bytes: Option<u64>,
+    /// The fraction of the GPU's memory the engine may use (weights,
+    /// activations and KV cache together) when `kv_cache_memory_bytes` is
+    /// unset; ignored by the CPU worker.
+    pub gpu_memory_utilization: f64,
     /// Reuse the KV blocks of shared prompt prefixes.
     pub enable_prefix_caching: bool,
 }
 
+/// The CPU worker's KV cache when `cache.kv_cache_memory_bytes` is unset.
+pub const DEFAULT_CPU_KV_CACHE_BYTES: u64 = 256 << 20;
+
+impl CacheConfig {
+    /// The KV-cache bytes a CPU worker gets.
+    pub fn cpu_kv_cache_bytes(&self) -> u64 {
+        self.kv_cache_memory_bytes.unwrap_or(DEFAULT_CPU_KV_CACHE_BYTES)
+    }
+}
+
 impl Default for CacheConfig {
     fn default() -> Self {
-        CacheConfig { block_size: 16, kv_cache_memory_bytes: 256 << 20, enable_prefix_caching: true }
+        CacheConfig {
+            block_size: 16,
+            kv_cache_memory_bytes: None,
+            gpu_memory_utilization: 0.9,
+            enable_prefix_caching: true,
+        }
     }
 }
 
@@ -161,8 +186,10 @@ impl Default for ParallelConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WorkerConfig {
-    /// Which worker: `auto` picks the built-in one for the machine, `cpu`
-    /// asks for the CPU worker.
+    /// Which worker: `auto` picks the GPU worker when this host was built
+    /// with `--features cuda` and a CUDA GPU is visible, the CPU worker
+    /// otherwise; `cpu` and `gpu` ask for one (`gpu` without a GPU is an
+    /// error at start-up).
     pub cls: String,
     /// Compute threads per worker; 0 uses every core.
     pub num_threads: usize,
@@ -360,20 +387,19 @@ pub enum ConfigError {
 /// The executor backends known to this build.
 pub const EXECUTOR_BACKENDS: &[&str] = &["uni", "mp"];
 
-/// Why `worker.cls = "gpu"` cannot run in this process: a build without
-/// the `cuda` feature, no visible GPU, or (for now) a GPU runner that is not
-/// yet driven by the engine's worker (host/src/cuda, issue 7).
-fn gpu_worker_refusal() -> String {
+/// Why `worker.cls = "gpu"` cannot run in this process (a build without
+/// the `cuda` feature, or no visible GPU), or `None` when it can.
+fn gpu_worker_refusal() -> Option<String> {
     #[cfg(not(feature = "cuda"))]
-    let why = "is `gpu` but this host was built without CUDA; rebuild with \
-               `cargo build --features cuda`, or use `auto` / `cpu`";
+    return Some(
+        "is `gpu` but this host was built without CUDA; rebuild with \
+         `cargo build --features cuda`, or use `auto` / `cpu`"
+            .to_string(),
+    );
     #[cfg(feature = "cuda")]
-    let why = if crate::cuda::device::device_count() == 0 {
-        "is `gpu` but no CUDA GPU is visible (no libcuda, or no device); use `auto` or `cpu`"
-    } else {
-        "is `gpu`, but the engine's worker does not drive the CUDA runner yet; use `auto` or `cpu`"
-    };
-    why.to_string()
+    (crate::cuda::device::device_count() == 0).then(|| {
+        "is `gpu` but no CUDA GPU is visible (no libcuda, or no device); use `auto` or `cpu`".to_string()
+    })
 }
 
 /// The built-in worker classes (`worker.cls`).
@@ -418,8 +444,12 @@ impl EngineConfig {
         if !(1..=1024).contains(&self.cache.block_size) {
             return invalid("cache.block_size", format!("must be in 1..=1024, got {}", self.cache.block_size));
         }
-        if self.cache.kv_cache_memory_bytes == 0 {
-            return invalid("cache.kv_cache_memory_bytes", "must be more than 0".into());
+        if self.cache.kv_cache_memory_bytes == Some(0) {
+            return invalid("cache.kv_cache_memory_bytes", "must be more than 0 (or unset for the default)".into());
+        }
+        let utilization = self.cache.gpu_memory_utilization;
+        if !(utilization > 0.0 && utilization <= 1.0) {
+            return invalid("cache.gpu_memory_utilization", format!("must be in (0, 1], got {utilization}"));
         }
         if self.parallel.tensor_parallel_size == 0 {
             return invalid("parallel.tensor_parallel_size", "must be at least 1".into());
@@ -461,7 +491,17 @@ impl EngineConfig {
             );
         }
         if self.worker.cls == "gpu" {
-            return invalid("worker.cls", gpu_worker_refusal());
+            if let Some(why) = gpu_worker_refusal() {
+                return invalid("worker.cls", why);
+            }
+            if self.parallel.tensor_parallel_size > 1 {
+                return invalid(
+                    "parallel.tensor_parallel_size",
+                    "must be 1 with the GPU worker (tensor parallelism runs on CPU workers only); \
+                     set worker.cls = \"cpu\" or tensor_parallel_size = 1"
+                        .into(),
+                );
+            }
         }
         Ok(())
     }

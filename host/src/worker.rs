@@ -1,14 +1,17 @@
 //! The worker: the object an executor drives, step by step, on one device,
-//! shaped after vLLM V1's `GPUWorker` so the executor and the scheduler can
-//! call it the same way (here on the CPU).
+//! shaped after vLLM V1's `GPUWorker` so the executor and the scheduler
+//! call it the same way on the CPU and (`--features cuda`) on a GPU: the
+//! device-specific part is the [`DeviceRunner`] it drives.
 //!
 //! Lifecycle, in order: [`Worker::new`] → [`Worker::init_device`] (thread
-//! pool) → [`Worker::load_model`] → [`Worker::determine_available_memory`]
-//! and [`Worker::bytes_per_block`] (the engine divides one by the other) →
-//! [`Worker::initialize_from_config`] (allocate the KV cache) →
-//! [`Worker::compile_or_warm_up_model`] → [`Worker::execute_model`] per step.
-//! Calling a method before its prerequisites is an error that names the
-//! missing step. Sampling is not here: it runs on the logits this returns.
+//! pool, or GPU selection and memory snapshot) → [`Worker::load_model`] →
+//! [`Worker::determine_available_memory`] and [`Worker::bytes_per_block`]
+//! (the engine divides one by the other) → [`Worker::initialize_from_config`]
+//! (allocate the KV cache) → [`Worker::compile_or_warm_up_model`] →
+//! [`Worker::execute_model`] and [`Worker::sample_tokens`] per step; between
+//! steps [`Worker::sleep`], [`Worker::wake_up`] and
+//! [`Worker::update_weights`] (`sleep.rs`). Calling a method before its
+//! prerequisites is an error that names the missing step.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -21,20 +24,32 @@ mod output;
 pub mod proc;
 mod registry;
 mod rpc;
+mod sleep;
 
 pub use host_api::LentModel;
 pub use output::{Logprobs, ModelRunnerOutput};
 pub use registry::{DuplicateMethod, Handler, WorkerMethods};
 pub use rpc::{RpcReply, RpcRequest, RpcValue};
+pub use sleep::{SleepLevel, WakeTags};
 
 use crate::distributed::AllReduceGroup;
 use crate::kernels::{MatmulPath, ThreadPool};
+use crate::model::{self, LlamaConfig, LoadFormat, ModelError, ModelWeights};
+use crate::model_runner::{
+    CpuModelRunner, DeviceRunner, KvCacheBudget, Logits, ModelInput, RunnerConfig, RunnerError,
+};
 use crate::scheduler::SchedulerOutput;
 use input_batch::{BatchError, InputBatch, StepPlan};
-use crate::model::{self, LlamaConfig, LoadFormat, ModelError};
-use crate::model_runner::{
-    CpuModelRunner, Logits, ModelInput, RunnerConfig, RunnerError,
-};
+use sleep::Asleep;
+
+/// Which device a worker computes on (`worker.cls`, resolved).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkerDevice {
+    /// The CPU, with `num_threads` threads.
+    Cpu,
+    /// CUDA device 0 (`--features cuda`).
+    Gpu,
+}
 
 /// Everything a worker needs to know before it starts.
 #[derive(Clone, Debug, PartialEq)]
@@ -44,14 +59,23 @@ pub struct WorkerConfig {
     pub model: PathBuf,
     /// How to read it (`Auto` picks by path).
     pub load_format: LoadFormat,
+    /// The device.
+    pub device: WorkerDevice,
     /// Threads for the forward pass (the caller's thread included).
     pub num_threads: usize,
-    /// Memory for the KV cache, in bytes (vLLM's `kv_cache_memory_bytes`).
-    pub kv_cache_memory_bytes: usize,
+    /// Memory for the KV cache, in bytes (vLLM's `kv_cache_memory_bytes`);
+    /// unset: the CPU default, or `gpu_memory_utilization` on a GPU.
+    pub kv_cache_memory_bytes: Option<usize>,
+    /// The fraction of the GPU the engine may use (GPU only).
+    pub gpu_memory_utilization: f64,
     /// Token slots per KV-cache block.
     pub block_size: usize,
     /// Most tokens in one step.
     pub max_num_batched_tokens: usize,
+    /// Most sequences in one step (the largest CUDA graph).
+    pub max_num_seqs: usize,
+    /// No CUDA graphs (GPU only).
+    pub enforce_eager: bool,
     /// Longest context; `None` means the model's own.
     pub max_model_len: Option<usize>,
     /// The end-of-sequence token, masked while a request is below its
@@ -67,10 +91,14 @@ impl WorkerConfig {
         WorkerConfig {
             model: PathBuf::from("/nonexistent/model.gguf"),
             load_format: LoadFormat::Auto,
+            device: WorkerDevice::Cpu,
             num_threads: 1,
-            kv_cache_memory_bytes: 1 << 20,
+            kv_cache_memory_bytes: Some(1 << 20),
+            gpu_memory_utilization: 0.9,
             block_size: 16,
             max_num_batched_tokens: 64,
+            max_num_seqs: 8,
+            enforce_eager: false,
             max_model_len: None,
             eos_token_id: None,
         }
@@ -109,23 +137,48 @@ pub enum WorkerError {
     /// `plugins.on_error = "fail"`.
     #[error(transparent)]
     Plugin(#[from] crate::plugins::PluginError),
+    /// `update_weights` was given an unknown name, a wrong size, or a value
+    /// that is not finite; nothing changed.
+    #[error("update_weights: {0}")]
+    UpdateWeights(String),
+    /// A call that needs the model awake ran while it sleeps.
+    #[error("worker: {called} cannot run while the worker sleeps ({what} asleep); call wake_up first")]
+    Asleep {
+        /// The method called.
+        called: &'static str,
+        /// What sleeps: `weights`, `kv_cache` or both.
+        what: String,
+    },
 }
 
-/// A CPU worker.
+/// The device a worker opened in `init_device`.
+enum Device {
+    /// The CPU's thread pool.
+    Cpu(Arc<ThreadPool>),
+    /// A CUDA GPU, its kernels loaded.
+    #[cfg(feature = "cuda")]
+    Gpu(crate::cuda::GpuDevice),
+}
+
+/// A worker: one device, one model runner, the persistent batch.
 pub struct Worker {
     /// Its configuration.
     config: WorkerConfig,
-    /// The thread pool, after `init_device`.
-    pool: Option<Arc<ThreadPool>>,
-    /// The model runner, after `load_model`.
-    runner: Option<CpuModelRunner>,
+    /// The device, after `init_device`.
+    device: Option<Device>,
+    /// The model runner, after `load_model` (absent while lent to a worker
+    /// extension, or asleep at level 2).
+    runner: Option<Box<dyn DeviceRunner>>,
     /// The tensor-parallel group this worker is a rank of, if any.
     all_reduce: Option<Arc<AllReduceGroup>>,
     /// The weights the runner was prepared from (memory-mapped), kept for
-    /// worker extensions to read and update (`host_api.rs`).
-    weights: Option<crate::model::ModelWeights>,
-    /// Whether the KV cache is allocated.
-    kv_ready: bool,
+    /// worker extensions and `update_weights` to read and change, and to
+    /// prepare the runner again after a level-2 sleep.
+    weights: Option<ModelWeights>,
+    /// Blocks of the KV cache, once allocated (0 before).
+    num_blocks: usize,
+    /// What sleeps, between `sleep` and the `wake_up` that wakes all.
+    asleep: Option<Asleep>,
     /// The requests the scheduler is running, kept across steps.
     input_batch: InputBatch,
     /// The step being built (reused to avoid allocating).
@@ -141,7 +194,9 @@ impl Worker {
             ("num_threads", config.num_threads),
             ("block_size", config.block_size),
             ("max_num_batched_tokens", config.max_num_batched_tokens),
+            ("max_num_seqs", config.max_num_seqs),
             ("max_model_len", config.max_model_len.unwrap_or(1)),
+            ("kv_cache_memory_bytes", config.kv_cache_memory_bytes.unwrap_or(1)),
         ];
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(WorkerError::Config(format!(
@@ -151,11 +206,12 @@ impl Worker {
         let input_batch = InputBatch::new(config.eos_token_id);
         Ok(Worker {
             config,
-            pool: None,
+            device: None,
             runner: None,
             all_reduce: None,
             weights: None,
-            kv_ready: false,
+            num_blocks: 0,
+            asleep: None,
             input_batch,
             step_input: ModelInput::default(),
             pending: None,
@@ -167,11 +223,25 @@ impl Worker {
         &self.config
     }
 
-    /// Starts the thread pool and logs the CPU features the kernels can use
-    /// (the CPU counterpart of selecting and initialising a GPU).
+    /// Opens the device: on the CPU, starts the thread pool and logs the
+    /// SIMD features the kernels can use; on a GPU, selects it, loads the
+    /// kernels and takes the memory snapshot the profile run is measured
+    /// against.
     pub fn init_device(&mut self) -> Result<(), WorkerError> {
-        tracing::info!(threads = self.config.num_threads, features = %cpu_features(), "worker: CPU device");
-        self.pool = Some(Arc::new(ThreadPool::new(self.config.num_threads)));
+        self.device = Some(match self.config.device {
+            WorkerDevice::Cpu => {
+                tracing::info!(threads = self.config.num_threads, features = %cpu_features(), "worker: CPU device");
+                Device::Cpu(Arc::new(ThreadPool::new(self.config.num_threads)))
+            }
+            #[cfg(feature = "cuda")]
+            WorkerDevice::Gpu => Device::Gpu(crate::cuda::GpuDevice::open(0)?),
+            #[cfg(not(feature = "cuda"))]
+            WorkerDevice::Gpu => {
+                return Err(WorkerError::Config(
+                    "the GPU worker needs a host built with `--features cuda`".into(),
+                ))
+            }
+        });
         Ok(())
     }
 
@@ -181,18 +251,29 @@ impl Worker {
         self.all_reduce = Some(group);
     }
 
-    /// Loads the weights and prepares them for the kernels.
+    /// Loads the weights and prepares them for the device.
     pub fn load_model(&mut self) -> Result<(), WorkerError> {
-        let pool = self.pool.clone().ok_or(WorkerError::OutOfOrder {
-            called: "load_model",
-            missing: "init_device",
-        })?;
+        if self.device.is_none() {
+            return Err(WorkerError::OutOfOrder {
+                called: "load_model",
+                missing: "init_device",
+            });
+        }
         let path = &self.config.model;
         let weights =
             model::load(path, self.config.load_format).map_err(|source| WorkerError::Load {
                 path: path.clone(),
                 source,
             })?;
+        self.runner = Some(self.prepare_runner(&weights)?);
+        self.weights = Some(weights);
+        self.num_blocks = 0;
+        self.asleep = None;
+        Ok(())
+    }
+
+    /// A runner for `weights` on this worker's device.
+    fn prepare_runner(&self, weights: &ModelWeights) -> Result<Box<dyn DeviceRunner>, WorkerError> {
         let max_model_len = self
             .config
             .max_model_len
@@ -203,23 +284,60 @@ impl Worker {
             block_size: self.config.block_size,
             matmul_path: MatmulPath::Auto,
         };
-        self.runner = Some(CpuModelRunner::new_rank(&weights, pool, limits, self.all_reduce.clone())?);
-        self.weights = Some(weights);
-        self.kv_ready = false;
-        Ok(())
+        match self.device.as_ref() {
+            Some(Device::Cpu(pool)) => Ok(Box::new(CpuModelRunner::new_rank(
+                weights,
+                pool.clone(),
+                limits,
+                self.all_reduce.clone(),
+            )?)),
+            #[cfg(feature = "cuda")]
+            Some(Device::Gpu(gpu)) => Ok(Box::new(crate::cuda::GpuRunner::load(
+                gpu,
+                weights,
+                limits,
+                self.config.max_num_seqs,
+                self.config.enforce_eager,
+            )?)),
+            None => Err(WorkerError::OutOfOrder {
+                called: "load_model",
+                missing: "init_device",
+            }),
+        }
     }
 
     /// The loaded runner, or the error naming the missing step.
-    fn runner(&self, called: &'static str) -> Result<&CpuModelRunner, WorkerError> {
-        self.runner.as_ref().ok_or(WorkerError::OutOfOrder {
-            called,
-            missing: "load_model",
-        })
+    fn runner(&self, called: &'static str) -> Result<&dyn DeviceRunner, WorkerError> {
+        match &self.runner {
+            Some(r) => Ok(r.as_ref()),
+            None => Err(self.no_runner(called)),
+        }
+    }
+
+    /// The loaded runner, mutably.
+    fn runner_mut(&mut self, called: &'static str) -> Result<&mut dyn DeviceRunner, WorkerError> {
+        if self.runner.is_none() {
+            return Err(self.no_runner(called));
+        }
+        Ok(self.runner.as_deref_mut().expect("checked above"))
+    }
+
+    /// Why there is no runner: never loaded, or asleep at level 2.
+    fn no_runner(&self, called: &'static str) -> WorkerError {
+        match &self.asleep {
+            Some(a) => WorkerError::Asleep { called, what: a.what() },
+            None => WorkerError::OutOfOrder { called, missing: "load_model" },
+        }
     }
 
     /// The loaded model's hyper-parameters.
     pub fn model_config(&self) -> Result<&LlamaConfig, WorkerError> {
-        Ok(self.runner("model_config")?.model_config())
+        match (&self.runner, &self.weights) {
+            (Some(r), _) => Ok(r.model_config()),
+            // Asleep at level 2: the runner is gone, the weights know.
+            (None, Some(w)) if self.asleep.is_some() => Ok(&w.config),
+            _ => Err(self.no_runner("model_config")),
+        }
     }
 
     /// The longest context this worker runs (the configured one, or the
@@ -230,78 +348,58 @@ impl Worker {
 
     /// Bytes one KV-cache block takes across all layers (K and V).
     pub fn bytes_per_block(&self) -> Result<usize, WorkerError> {
-        Ok(self
-            .runner("bytes_per_block")?
-            .kv_cache_shape()
-            .bytes_per_block())
+        Ok(self.runner("bytes_per_block")?.bytes_per_block())
     }
 
-    /// Memory available for the KV cache: on the CPU, the configured budget
-    /// (vLLM also returns `kv_cache_memory_bytes` as is when it is set).
-    pub fn determine_available_memory(&self) -> Result<usize, WorkerError> {
-        self.runner("determine_available_memory")?;
-        Ok(self.config.kv_cache_memory_bytes)
+    /// Memory available for the KV cache: the configured budget, or on a
+    /// GPU what `gpu_memory_utilization` leaves after a profile run at
+    /// `max_num_batched_tokens`.
+    pub fn determine_available_memory(&mut self) -> Result<usize, WorkerError> {
+        let budget = KvCacheBudget {
+            bytes: self.config.kv_cache_memory_bytes,
+            gpu_memory_utilization: self.config.gpu_memory_utilization,
+        };
+        Ok(self
+            .runner_mut("determine_available_memory")?
+            .determine_available_memory(&budget)?)
     }
 
     /// Allocates the KV cache with `num_blocks` blocks.
     pub fn initialize_from_config(&mut self, num_blocks: usize) -> Result<(), WorkerError> {
-        let runner = self.runner.as_mut().ok_or(WorkerError::OutOfOrder {
-            called: "initialize_from_config",
-            missing: "load_model",
-        })?;
+        let runner = self.runner_mut("initialize_from_config")?;
         runner.initialize_kv_cache(num_blocks)?;
-        self.kv_ready = true;
-        tracing::info!(
-            num_blocks,
-            bytes = num_blocks * runner.kv_cache_shape().bytes_per_block(),
-            "worker: KV cache"
-        );
+        let (device, bytes) = (runner.device_name(), num_blocks * runner.bytes_per_block());
+        self.num_blocks = num_blocks;
+        tracing::info!(num_blocks, bytes, device, "worker: KV cache");
         Ok(())
     }
 
-    /// Runs one small dummy forward pass so page faults, thread start-up
-    /// and first-touch costs are paid before the first request.
-    ///
-    /// The dummy writes K/V into the first blocks; that is harmless because
-    /// every sequence writes a slot before any step reads it.
+    /// Runs one small dummy step so first-touch costs are paid before the
+    /// first request; on a GPU, also captures the decode CUDA graphs.
     pub fn compile_or_warm_up_model(&mut self) -> Result<(), WorkerError> {
-        if !self.kv_ready {
+        if self.num_blocks == 0 {
             return Err(WorkerError::OutOfOrder {
                 called: "compile_or_warm_up_model",
                 missing: "initialize_from_config",
             });
         }
-        let runner = self.runner.as_mut().ok_or(WorkerError::OutOfOrder {
-            called: "compile_or_warm_up_model",
-            missing: "load_model",
-        })?;
-        let block_size = self.config.block_size;
-        let num_blocks = runner.kv_cache().map_or(0, |c| c.num_blocks());
-        let n = 8
-            .min(self.config.max_num_batched_tokens)
-            .min(num_blocks * block_size)
-            .min(runner.runner_config().max_model_len);
-        let input = ModelInput::single(&vec![0; n], 0, (0..n.div_ceil(block_size) as u32).collect());
-        runner.execute_model(&input)?;
-        Ok(())
+        Ok(self.runner_mut("compile_or_warm_up_model")?.warm_up()?)
     }
 
     /// Runs one flattened batch and returns the logits of each sequence's
     /// last token: the runner's entry point, for benchmarks and tests that
     /// build their own batches.
     pub fn execute_model_input(&mut self, input: &ModelInput) -> Result<Logits, WorkerError> {
-        let runner = self.runner.as_mut().ok_or(WorkerError::OutOfOrder {
-            called: "execute_model_input",
-            missing: "load_model",
-        })?;
-        Ok(runner.execute_model(input)?)
+        self.check_awake("execute_model_input")?;
+        Ok(self.runner_mut("execute_model_input")?.execute_model(input)?)
     }
 
     /// Applies a scheduler step's deltas to the persistent batch and runs
     /// its forward pass (vLLM's `execute_model`); the logits wait for
     /// [`Worker::sample_tokens`].
     pub fn execute_model(&mut self, so: &SchedulerOutput) -> Result<(), WorkerError> {
-        if !self.kv_ready {
+        self.check_awake("execute_model")?;
+        if self.num_blocks == 0 {
             return Err(WorkerError::OutOfOrder { called: "execute_model", missing: "initialize_from_config" });
         }
         let plan = self.input_batch.prepare(so, &mut self.step_input)?;
@@ -309,7 +407,7 @@ impl Worker {
         if !self.step_input.seqs.is_empty() {
             let runner = self
                 .runner
-                .as_mut()
+                .as_deref_mut()
                 .ok_or(WorkerError::OutOfOrder { called: "execute_model", missing: "load_model" })?;
             let logits = runner.execute_model(&self.step_input)?;
             self.pending = Some((plan, logits));

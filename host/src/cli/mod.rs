@@ -82,7 +82,8 @@ struct EngineArgs {
     /// Tokens per KV block [cache.block_size].
     #[arg(long, global = true)]
     block_size: Option<usize>,
-    /// KV-cache memory on CPU, in bytes [cache.kv_cache_memory_bytes].
+    /// KV-cache memory, in bytes (default: 256 MiB on the CPU, what
+    /// gpu_memory_utilization leaves on a GPU) [cache.kv_cache_memory_bytes].
     #[arg(long, global = true)]
     kv_cache_memory_bytes: Option<u64>,
     /// Compute threads; 0 = every core [worker.num_threads].

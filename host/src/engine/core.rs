@@ -8,12 +8,14 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use thiserror::Error;
 
 use super::executor::{Executor, ExecutorError, StepFuture};
+
+mod utility;
+pub use utility::UTILITY_METHODS;
 use crate::sampling::SamplingParams;
-use crate::worker::{Logprobs, RpcValue};
+use crate::worker::Logprobs;
 use crate::scheduler::{
     FinishReason, Request, RequestOutput, Scheduler, SchedulerError, SchedulerOutput, SchedulerStats,
 };
@@ -97,6 +99,8 @@ pub struct EngineCore {
     async_scheduling: bool,
     /// Whether the latest `submit` sent a step.
     submitted: bool,
+    /// Whether the workers sleep (`utility.rs`): nothing is scheduled.
+    sleeping: bool,
     last_timings: StepTimings,
     /// Prompt tokens of the requests admitted so far.
     num_prompt_tokens: u64,
@@ -116,6 +120,7 @@ impl EngineCore {
             in_flight: VecDeque::new(),
             async_scheduling: false,
             submitted: false,
+            sleeping: false,
             last_timings: StepTimings::default(),
             num_prompt_tokens: 0,
             num_generation_tokens: 0,
@@ -162,11 +167,13 @@ impl EngineCore {
         self.scheduler.abort_all();
     }
 
-    /// True while a step has something to do.
+    /// True while a step has something to do (never while the workers
+    /// sleep: requests wait for `wake_up`).
     pub fn has_work(&self) -> bool {
-        self.scheduler.has_unfinished_requests()
-            || self.scheduler.has_finished_requests()
-            || !self.in_flight.is_empty()
+        !self.sleeping
+            && (self.scheduler.has_unfinished_requests()
+                || self.scheduler.has_finished_requests()
+                || !self.in_flight.is_empty())
     }
 
     /// Runs one step: [`submit`](Self::submit) then
@@ -178,11 +185,11 @@ impl EngineCore {
     }
 
     /// The first half of a step: schedules and sends the next step to the
-    /// workers unless the pipeline is full (one step in flight, two under
+    /// workers unless the workers sleep, the pipeline is full (one step in flight, two under
     /// async scheduling) or there is nothing to run.
     pub fn submit(&mut self) -> Result<(), EngineError> {
         self.submitted = false;
-        if self.in_flight.len() >= self.pipeline_depth() {
+        if self.sleeping || self.in_flight.len() >= self.pipeline_depth() {
             return Ok(());
         }
         let t0 = Instant::now();
@@ -259,54 +266,9 @@ impl EngineCore {
         }
     }
 
-    /// Forgets every cached prefix (a utility call, e.g. after new weights).
-    pub fn reset_prefix_cache(&mut self) {
-        self.scheduler.reset_prefix_cache();
-    }
-
-    /// Calls an engine method by name (a UTILITY request from a client):
-    /// `reset_prefix_cache`, or `collective_rpc` with `{"method": …,
-    /// "args": …}` (the args and each worker's reply cross as JSON). Errors
-    /// are messages for the caller; the engine carries on.
-    pub fn call_utility(&mut self, method: &str, args: Value) -> Result<Value, String> {
-        match method {
-            "reset_prefix_cache" => {
-                self.reset_prefix_cache();
-                Ok(Value::Bool(true))
-            }
-            "collective_rpc" => {
-                let Some(rpc_method) = args.get("method").and_then(Value::as_str) else {
-                    return Err("collective_rpc needs {\"method\": \"<name>\", \"args\": …}".into());
-                };
-                // A method without arguments gets none rather than a JSON null.
-                let rpc_args = match args.get("args") {
-                    None | Some(Value::Null) => RpcValue::Unit,
-                    Some(a) => RpcValue::Json(a.to_string()),
-                };
-                let timeout = self.executor.execute_model_timeout();
-                let replies = self.executor.call(rpc_method, rpc_args, None, timeout).map_err(|e| e.to_string())?;
-                replies.into_iter().map(rpc_reply_to_json).collect::<Result<Vec<_>, _>>().map(Value::Array)
-            }
-            other => Err(format!("unknown utility method `{other}`; known: {}", UTILITY_METHODS.join(", "))),
-        }
-    }
-
     /// The scheduler (read-only), for invariant checks in tests.
     pub fn scheduler(&self) -> &Scheduler {
         &self.scheduler
-    }
-}
-
-/// The methods [`EngineCore::call_utility`] knows.
-pub const UTILITY_METHODS: &[&str] = &["reset_prefix_cache", "collective_rpc"];
-
-/// A worker's reply to a `collective_rpc` utility call, as JSON.
-fn rpc_reply_to_json(reply: RpcValue) -> Result<Value, String> {
-    match reply {
-        RpcValue::Unit => Ok(Value::Null),
-        RpcValue::Count(n) => Ok(n.into()),
-        RpcValue::Json(text) => serde_json::from_str(&text).map_err(|e| format!("a worker replied with invalid JSON: {e}")),
-        other => Err(format!("a worker replied with a {} value, which has no JSON form", other.kind())),
     }
 }
 

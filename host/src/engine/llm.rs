@@ -114,6 +114,35 @@ impl Llm {
         }
     }
 
+    /// Puts the workers to sleep (vLLM's `LLM.sleep`): level 1 offloads
+    /// the weights to host memory, level 2 drops them; the KV cache and the
+    /// cached prefixes are dropped at both. Needs no request running.
+    pub fn sleep(&mut self, level: u64) -> Result<(), String> {
+        self.core.sleep(level)
+    }
+
+    /// Wakes the `tags` (`"weights"`, `"kv_cache"`) of every worker, all
+    /// when `None` (vLLM's `LLM.wake_up`).
+    pub fn wake_up(&mut self, tags: Option<&[String]>) -> Result<(), String> {
+        self.core.wake_up(tags)
+    }
+
+    /// Whether the workers sleep.
+    pub fn is_sleeping(&self) -> bool {
+        self.core.is_sleeping()
+    }
+
+    /// Replaces named tensors on every worker, each given in full as f32
+    /// (row-major), and forgets the cached prefixes computed with the old
+    /// values. Every name and size is checked before anything changes.
+    pub fn update_weights(&mut self, updates: &[(&str, &[f32])]) -> Result<(), String> {
+        let object: serde_json::Map<String, serde_json::Value> = updates
+            .iter()
+            .map(|(name, values)| (name.to_string(), serde_json::json!(values)))
+            .collect();
+        self.core.call_utility("update_weights", serde_json::Value::Object(object)).map(drop)
+    }
+
     /// The prompt's token ids.
     pub fn encode(&self, prompt: &Prompt) -> anyhow::Result<Vec<u32>> {
         Ok(match prompt {
@@ -137,6 +166,9 @@ impl Llm {
         mut on_text: impl FnMut(usize, &str),
         mut on_finish: impl FnMut(usize, usize),
     ) -> anyhow::Result<Vec<Result<Completion, String>>> {
+        if self.is_sleeping() {
+            anyhow::bail!("the engine sleeps; call wake_up before generating");
+        }
         let mut results: Vec<Option<Result<Completion, String>>> = vec![None; requests.len()];
         let mut live: HashMap<String, Live> = HashMap::new();
         let mut done = 0;

@@ -148,8 +148,8 @@ fn initialize_kv_cache(
         .unwrap_or(0);
     if num_blocks == 0 {
         anyhow::bail!(
-            "cache.kv_cache_memory_bytes = {} is smaller than one KV block ({} bytes); raise it",
-            config.cache.kv_cache_memory_bytes,
+            "the KV cache budget ({} bytes; cache.kv_cache_memory_bytes) is smaller than one KV block ({} bytes); raise it",
+            memory.iter().min().copied().unwrap_or(0),
             per_block.iter().max().copied().unwrap_or(0)
         );
     }

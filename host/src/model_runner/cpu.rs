@@ -167,6 +167,12 @@ impl CpuModelRunner {
         Ok(())
     }
 
+    /// Frees the KV cache; [`CpuModelRunner::initialize_kv_cache`] brings
+    /// it back, empty.
+    pub fn free_kv_cache(&mut self) {
+        self.kv = None;
+    }
+
     /// Prepares again what the tensor `name` of `weights` feeds (its layer,
     /// the embedding, the final norm or the LM head) after it changed, so
     /// the next step uses it (vLLM's `update_weights`). The KV cache is

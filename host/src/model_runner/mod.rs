@@ -5,10 +5,13 @@
 //! - [`input`]: what a step runs ([`ModelInput`]) and its validation;
 //! - [`kv_cache`]: the paged K/V storage ([`KvCache`]);
 //! - [`attention`]: causal paged attention over the block tables;
-//! - [`cpu`]: [`CpuModelRunner`], the forward pass itself.
+//! - [`cpu`]: [`CpuModelRunner`], the forward pass itself;
+//! - [`device_runner`]: [`DeviceRunner`], what the worker drives, on the
+//!   CPU or (`crate::cuda`) a GPU.
 
 mod attention;
 mod cpu;
+mod device_runner;
 mod input;
 mod kv_cache;
 mod layer;
@@ -17,6 +20,7 @@ mod scratch;
 use thiserror::Error;
 
 pub use cpu::{CpuModelRunner, RunnerConfig};
+pub use device_runner::{DeviceRunner, KvCacheBudget};
 pub use input::{ModelInput, SeqInput};
 /// The limits a step is validated against (shared with the CUDA runner).
 #[cfg(feature = "cuda")]
@@ -93,4 +97,12 @@ pub enum RunnerError {
     /// The weights cannot be sharded into the tensor-parallel group.
     #[error(transparent)]
     Shard(#[from] crate::model::shard::ShardError),
+    /// The GPU failed (a driver, cuBLAS or kernel error, or out of memory).
+    #[error("{device}: {message}")]
+    Device {
+        /// Which device (`cuda:0`).
+        device: String,
+        /// The device's error.
+        message: String,
+    },
 }

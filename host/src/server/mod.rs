@@ -12,6 +12,7 @@
 //! HTTP request), `sse` (streaming), `metrics` (Prometheus), `auth`
 //! (`--api-key`), `routes` (router and small endpoints), `error`.
 
+mod admin;
 mod auth;
 mod chat;
 mod completions;

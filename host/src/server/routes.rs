@@ -1,21 +1,17 @@
-//! The router and the small endpoints: `/health`, `/metrics`, `/v1/models`
-//! and the opt-in `/collective_rpc`.
+//! The router and the small endpoints: `/health`, `/metrics`, `/v1/models`;
+//! the opt-in development endpoints are in `admin.rs`.
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{middleware, Json, Router};
-use serde::Deserialize;
-use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::protocol::{ModelCard, ModelList};
-use super::{auth, chat, completions, params, AppState};
+use super::{admin, auth, chat, completions, AppState};
 
 /// Every route, the API key check on the `/v1` ones and the body limit.
 pub fn router(app: Arc<AppState>) -> Router {
@@ -24,7 +20,12 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat::create))
         .route("/v1/models", get(models));
     if app.config.enable_rpc_endpoint {
-        guarded = guarded.route("/collective_rpc", post(collective_rpc));
+        guarded = guarded
+            .route("/collective_rpc", post(admin::collective_rpc))
+            .route("/sleep", post(admin::sleep))
+            .route("/wake_up", post(admin::wake_up))
+            .route("/is_sleeping", get(admin::is_sleeping))
+            .route("/reset_prefix_cache", post(admin::reset_prefix_cache));
     }
     let guarded = guarded.layer(middleware::from_fn_with_state(
         app.clone(),
@@ -77,35 +78,4 @@ async fn not_found() -> ApiError {
         StatusCode::NOT_FOUND,
         "no such route; this server answers /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics",
     )
-}
-
-/// `POST /collective_rpc`'s body.
-#[derive(Deserialize)]
-struct RpcRequest {
-    /// A worker method or a worker extension's namespaced method.
-    method: String,
-    /// Its arguments, passed through as JSON.
-    #[serde(default)]
-    args: Value,
-}
-
-/// Calls a method on every worker (vLLM's `collective_rpc` endpoint) and
-/// answers `{"results": ...}`.
-async fn collective_rpc(
-    State(app): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    let run = async {
-        let body = super::request_object(body)?;
-        let req: RpcRequest = params::typed(&body)?;
-        app.check_serving()?;
-        let client = app.client.clone();
-        let args = json!({"method": req.method, "args": req.args});
-        let results =
-            tokio::task::spawn_blocking(move || client.call_utility("collective_rpc", args))
-                .await
-                .map_err(|e| ApiError::internal(format!("the rpc call panicked: {e}")))??;
-        Ok::<_, ApiError>(Json(json!({ "results": results })).into_response())
-    };
-    run.await.unwrap_or_else(IntoResponse::into_response)
 }

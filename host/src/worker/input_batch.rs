@@ -76,6 +76,16 @@ impl InputBatch {
         }
     }
 
+    /// Requests in the batch.
+    pub fn len(&self) -> usize {
+        self.requests.iter().filter(|r| r.is_some()).count()
+    }
+
+    /// Whether no request is in the batch.
+    pub fn is_empty(&self) -> bool {
+        self.requests.iter().all(Option::is_none)
+    }
+
     /// Installs a sampler plugin; it learns of requests from the next
     /// `prepare` on (call it before the first step).
     pub fn set_sampler(&mut self, sampler: SamplerPlugin) {

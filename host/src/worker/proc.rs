@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use super::registry::WorkerMethods;
 use super::rpc::{RpcReply, RpcRequest};
-use super::{Worker, WorkerConfig};
+use super::{Worker, WorkerConfig, WorkerDevice};
 use crate::config::EngineConfig;
 use crate::distributed::{AllReduceGroup, AllReduceHandle};
 use crate::message_queue::{Handle, MessageQueue, QueueConfig, QueueError};
@@ -76,13 +76,41 @@ pub fn worker_config(
             0 => (default_threads() / config.parallel.tensor_parallel_size.max(1)).max(1),
             n => n,
         },
-        kv_cache_memory_bytes: usize::try_from(config.cache.kv_cache_memory_bytes)
+        device: worker_device(&config.worker.cls, config.parallel.tensor_parallel_size),
+        kv_cache_memory_bytes: config
+            .cache
+            .kv_cache_memory_bytes
+            .map(usize::try_from)
+            .transpose()
             .context("cache.kv_cache_memory_bytes does not fit this machine's address space")?,
+        gpu_memory_utilization: config.cache.gpu_memory_utilization,
         block_size: config.cache.block_size,
         max_num_batched_tokens: config.scheduler.max_num_batched_tokens,
+        max_num_seqs: config.scheduler.max_num_seqs,
+        enforce_eager: config.model.enforce_eager,
         max_model_len: (config.model.max_model_len > 0).then_some(config.model.max_model_len),
         eos_token_id,
     })
+}
+
+/// The device `worker.cls` names: `auto` is the GPU when this host was
+/// built with CUDA, a GPU is visible and there is one rank (tensor
+/// parallelism runs on CPU workers), else the CPU. `gpu` was checked by
+/// the configuration's validation.
+pub fn worker_device(cls: &str, tensor_parallel_size: usize) -> WorkerDevice {
+    match cls {
+        "gpu" => WorkerDevice::Gpu,
+        "auto" if tensor_parallel_size <= 1 && gpu_visible() => WorkerDevice::Gpu,
+        _ => WorkerDevice::Cpu,
+    }
+}
+
+/// Whether this build can drive a visible CUDA GPU.
+fn gpu_visible() -> bool {
+    #[cfg(feature = "cuda")]
+    return crate::cuda::device::device_count() > 0;
+    #[cfg(not(feature = "cuda"))]
+    false
 }
 
 /// Every core: `worker.num_threads = 0` gives each tensor-parallel rank its

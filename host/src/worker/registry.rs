@@ -37,8 +37,9 @@ impl WorkerMethods {
     /// The built-in worker methods: `check_health` (a no-op), the lifecycle
     /// (`init_device`, `load_model`, `determine_available_memory`,
     /// `bytes_per_block`, `max_model_len`, `initialize_from_config`,
-    /// `compile_or_warm_up_model`) and the step (`execute_model`,
-    /// `sample_tokens`).
+    /// `compile_or_warm_up_model`), the step (`execute_model`,
+    /// `sample_tokens`), and between steps `sleep`, `wake_up`,
+    /// `is_sleeping` and `update_weights` (`sleep.rs`).
     pub fn builtin() -> WorkerMethods {
         let mut m = WorkerMethods::empty();
         let count = |n: usize| RpcValue::Count(n as u64);
@@ -123,7 +124,7 @@ impl WorkerMethods {
                 }),
             ),
         ];
-        for (name, handler) in builtins {
+        for (name, handler) in builtins.into_iter().chain(super::sleep::methods()) {
             m.handlers.insert(name.to_string(), handler);
         }
         m

@@ -1,0 +1,147 @@
+//! [`DeviceRunner`]: what the worker needs of a model runner, whatever
+//! device it computes on — the CPU runner here, the CUDA runner in
+//! `crate::cuda` — so one `Worker` drives both through the same lifecycle.
+
+use super::{CpuModelRunner, KvCacheShape, Logits, ModelInput, RunnerConfig, RunnerError};
+use crate::model::{LlamaConfig, ModelWeights};
+
+/// How much memory the KV cache may take (vLLM's `kv_cache_memory_bytes`
+/// and `gpu_memory_utilization`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KvCacheBudget {
+    /// Exactly this many bytes, when set.
+    pub bytes: Option<usize>,
+    /// Otherwise, on a GPU: the fraction of the device the engine may use.
+    pub gpu_memory_utilization: f64,
+}
+
+/// A model runner as the worker drives it. Every method but
+/// [`DeviceRunner::execute_model`] is a lifecycle step; the worker checks
+/// their order, the runner checks its own state (e.g. no KV cache).
+pub trait DeviceRunner: Send {
+    /// The device, for logs and errors (`cpu`, `cuda:0`).
+    fn device_name(&self) -> String;
+
+    /// The model's hyper-parameters (this rank's shard under tensor
+    /// parallelism).
+    fn model_config(&self) -> &LlamaConfig;
+
+    /// The step limits.
+    fn runner_config(&self) -> RunnerConfig;
+
+    /// The KV cache's dimensions.
+    fn kv_cache_shape(&self) -> KvCacheShape;
+
+    /// Bytes one KV block takes across all layers, K and V, in the element
+    /// type this runner stores (the engine divides the budget by it).
+    fn bytes_per_block(&self) -> usize;
+
+    /// Blocks in the KV cache; 0 while none is allocated.
+    fn num_kv_blocks(&self) -> usize;
+
+    /// Bytes the KV cache may take: an explicit budget as is, or (GPU)
+    /// what the device has left after a profile run at the largest step.
+    fn determine_available_memory(&mut self, budget: &KvCacheBudget) -> Result<usize, RunnerError>;
+
+    /// Allocates (or replaces) the KV cache with `num_blocks` blocks.
+    fn initialize_kv_cache(&mut self, num_blocks: usize) -> Result<(), RunnerError>;
+
+    /// Frees the KV cache (sleep, shutdown); `initialize_kv_cache` brings it
+    /// back, empty.
+    fn free_kv_cache(&mut self);
+
+    /// Runs one small step so first-touch costs are paid before the first
+    /// request, and (GPU) captures the decode CUDA graphs. Needs the KV
+    /// cache; the dummy step writes K/V into the first blocks, which is
+    /// harmless because every sequence writes a slot before reading it.
+    fn warm_up(&mut self) -> Result<(), RunnerError>;
+
+    /// Runs one step: writes the K/V of every token of `input` into the
+    /// cache and returns the logits of each sequence's last query token.
+    fn execute_model(&mut self, input: &ModelInput) -> Result<Logits, RunnerError>;
+
+    /// Prepares again what the tensor `name` of `weights` feeds, after it
+    /// changed (vLLM's `update_weights`).
+    fn reload_weight(&mut self, weights: &ModelWeights, name: &str) -> Result<(), RunnerError>;
+
+    /// Sleep level 1: moves the weights out of device memory into host
+    /// memory. A CPU runner's weights already live there: nothing to do.
+    fn offload_weights(&mut self) -> Result<(), RunnerError>;
+
+    /// Wakes what [`DeviceRunner::offload_weights`] put to sleep.
+    fn restore_weights(&mut self) -> Result<(), RunnerError>;
+}
+
+impl DeviceRunner for CpuModelRunner {
+    fn device_name(&self) -> String {
+        "cpu".into()
+    }
+
+    fn model_config(&self) -> &LlamaConfig {
+        CpuModelRunner::model_config(self)
+    }
+
+    fn runner_config(&self) -> RunnerConfig {
+        CpuModelRunner::runner_config(self)
+    }
+
+    fn kv_cache_shape(&self) -> KvCacheShape {
+        CpuModelRunner::kv_cache_shape(self)
+    }
+
+    fn bytes_per_block(&self) -> usize {
+        CpuModelRunner::kv_cache_shape(self).bytes_per_block()
+    }
+
+    fn num_kv_blocks(&self) -> usize {
+        self.kv_cache().map_or(0, |c| c.num_blocks())
+    }
+
+    /// The explicit budget, or `cache.kv_cache_memory_bytes`' CPU default:
+    /// host memory is not profiled (vLLM's CPU worker also takes a fixed
+    /// KV-cache space).
+    fn determine_available_memory(&mut self, budget: &KvCacheBudget) -> Result<usize, RunnerError> {
+        Ok(budget
+            .bytes
+            .unwrap_or(crate::config::DEFAULT_CPU_KV_CACHE_BYTES as usize))
+    }
+
+    fn initialize_kv_cache(&mut self, num_blocks: usize) -> Result<(), RunnerError> {
+        CpuModelRunner::initialize_kv_cache(self, num_blocks)
+    }
+
+    fn free_kv_cache(&mut self) {
+        CpuModelRunner::free_kv_cache(self);
+    }
+
+    fn warm_up(&mut self) -> Result<(), RunnerError> {
+        let limits = CpuModelRunner::runner_config(self);
+        let block_size = limits.block_size;
+        let n = 8
+            .min(limits.max_num_batched_tokens)
+            .min(self.num_kv_blocks() * block_size)
+            .min(limits.max_model_len);
+        if n == 0 {
+            return Err(RunnerError::NoKvCache);
+        }
+        let blocks = (0..n.div_ceil(block_size) as u32).collect();
+        CpuModelRunner::execute_model(self, &ModelInput::single(&vec![0; n], 0, blocks))?;
+        Ok(())
+    }
+
+    fn execute_model(&mut self, input: &ModelInput) -> Result<Logits, RunnerError> {
+        CpuModelRunner::execute_model(self, input)
+    }
+
+    fn reload_weight(&mut self, weights: &ModelWeights, name: &str) -> Result<(), RunnerError> {
+        CpuModelRunner::reload_weight(self, weights, name)
+    }
+
+    fn offload_weights(&mut self) -> Result<(), RunnerError> {
+        Ok(())
+    }
+
+    fn restore_weights(&mut self) -> Result<(), RunnerError> {
+        Ok(())
+    }
+}
