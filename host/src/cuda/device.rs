@@ -11,6 +11,7 @@ use cudarc::driver::{
 };
 use thiserror::Error;
 
+use super::libs::{self, CudaLib, LibError};
 use super::memory::MemorySnapshot;
 use super::nvrtc::{self, NvrtcError, MODULES};
 
@@ -32,6 +33,9 @@ pub enum GpuError {
     /// The model or the request does not fit what the kernels support.
     #[error("{0}")]
     Unsupported(String),
+    /// The driver or cuBLAS library cannot be loaded.
+    #[error(transparent)]
+    Library(#[from] LibError),
 }
 
 /// How many CUDA devices this machine has; 0 when the driver library is
@@ -60,6 +64,12 @@ impl Gpu {
     /// Opens device `ordinal` and loads every kernel module, compiling it
     /// for the device's architecture unless `cache_dir` holds it already.
     pub fn new(ordinal: usize, cache_dir: &Path) -> Result<Gpu, GpuError> {
+        // The driver and cuBLAS as cudarc will load them, so a missing or
+        // mismatched library is an error naming it, not cudarc's panic
+        // (libs.rs). NVRTC is checked where the kernels are compiled, since
+        // prebuilt PTX ($HOST_PTX_DIR) may stand in for it.
+        libs::check(CudaLib::Driver)?;
+        libs::check(CudaLib::Cublas)?;
         let count = device_count();
         if ordinal >= count {
             return Err(GpuError::NoDevice(format!(

@@ -8,6 +8,7 @@
 //! still awaits a GPU.
 //!
 //! - [`nvrtc`]: the CUDA C kernels and their compilation to PTX, cached;
+//! - [`libs`]: whether the driver, NVRTC and cuBLAS load here, as errors;
 //! - [`memory`]: the KV-cache budget from the memory snapshots;
 //! - [`graphs`]: the CUDA-graph capture sizes and batch padding;
 //! - [`metadata`]: block tables and slot mappings in the kernels' layout;
@@ -18,6 +19,7 @@
 
 pub mod device;
 pub mod graphs;
+pub mod libs;
 pub mod host_draw;
 pub mod memory;
 pub mod metadata;

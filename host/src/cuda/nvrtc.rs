@@ -67,14 +67,10 @@ pub const DEFAULT_ARCH: &str = "sm_90";
 /// Why a kernel could not be compiled or cached.
 #[derive(Debug, Error)]
 pub enum NvrtcError {
-    /// libnvrtc cannot be loaded.
-    #[error(
-        "the NVRTC library (libnvrtc.so.12) cannot be loaded; install it with \
-         `python3 -m pip install nvidia-cuda-nvrtc-cu12` and put its lib folder \
-         (python3 -c 'import nvidia.cuda_nvrtc as m; print(m.__path__[0])'/lib) on \
-         LD_LIBRARY_PATH, or install the CUDA toolkit"
-    )]
-    Missing,
+    /// libnvrtc cannot be loaded (absent, or another CUDA major version
+    /// than the bindings'), and no prebuilt PTX stands in for it.
+    #[error("{0}{hint}", hint = prebuilt_hint())]
+    Missing(super::libs::LibError),
     /// NVRTC refused the source.
     #[error("NVRTC cannot compile kernel module `{module}` for {arch}: {log}")]
     Compile {
@@ -97,11 +93,9 @@ pub enum NvrtcError {
 
 /// NVRTC's `(major, minor)` version, or [`NvrtcError::Missing`].
 pub fn version() -> Result<(i32, i32), NvrtcError> {
-    // SAFETY: probing only dlopens the library; the call writes two ints.
+    super::libs::check(super::libs::CudaLib::Nvrtc).map_err(NvrtcError::Missing)?;
+    // SAFETY: the library loads (checked above); the call writes two ints.
     unsafe {
-        if !cudarc::nvrtc::sys::is_culib_present() {
-            return Err(NvrtcError::Missing);
-        }
         let (mut major, mut minor) = (0, 0);
         cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor)
             .result()
@@ -169,7 +163,11 @@ pub fn load_or_compile(
     arch: &'static str,
     dir: &Path,
 ) -> Result<String, NvrtcError> {
-    let key = cache_key(module, arch, version()?);
+    let nvrtc = match version() {
+        Err(NvrtcError::Missing(e)) => return prebuilt(module, arch).ok_or(NvrtcError::Missing(e)),
+        other => other?,
+    };
+    let key = cache_key(module, arch, nvrtc);
     let path = dir.join(format!("{}-{}.ptx", module.name, &key[..32]));
     if let Ok(ptx) = std::fs::read_to_string(&path) {
         return Ok(ptx);
@@ -184,6 +182,60 @@ pub fn load_or_compile(
     std::fs::write(&tmp, &ptx).map_err(io(&tmp))?;
     std::fs::rename(&tmp, &path).map_err(io(&path))?;
     Ok(ptx)
+}
+
+/// The variable naming a folder of PTX compiled on another machine
+/// ([`export_ptx`]), read only when NVRTC cannot be loaded here: the device
+/// check carries one, since the device's CUDA may not match the bindings'.
+pub const PTX_DIR_ENV: &str = "HOST_PTX_DIR";
+
+/// A module's file in a prebuilt folder: keyed by source and architecture
+/// but not NVRTC version, because the machine reading it may have none.
+fn prebuilt_file(module: &KernelModule, arch: &str) -> String {
+    let key: String = Sha256::digest(module.full_source().as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{}-{arch}-{}.ptx", module.name, &key[..32])
+}
+
+/// The PTX of `module` for `arch` from `$HOST_PTX_DIR`, if exported there.
+fn prebuilt(module: &KernelModule, arch: &str) -> Option<String> {
+    let dir = std::env::var_os(PTX_DIR_ENV)?;
+    std::fs::read_to_string(Path::new(&dir).join(prebuilt_file(module, arch))).ok()
+}
+
+/// What [`NvrtcError::Missing`] adds about the prebuilt folder.
+fn prebuilt_hint() -> String {
+    match std::env::var_os(PTX_DIR_ENV) {
+        Some(dir) => format!(
+            "; and {PTX_DIR_ENV}={} holds no PTX of this kernel source for this GPU",
+            Path::new(&dir).display()
+        ),
+        None => String::new(),
+    }
+}
+
+/// Compiles every module for `arch` with this machine's NVRTC into `dir`,
+/// under the names [`load_or_compile`] reads from `$HOST_PTX_DIR` when the
+/// machine it runs on cannot load NVRTC; returns the files written.
+pub fn export_ptx(dir: &Path, arch: &'static str) -> Result<Vec<PathBuf>, NvrtcError> {
+    std::fs::create_dir_all(dir).map_err(|source| NvrtcError::Cache {
+        path: dir.into(),
+        source,
+    })?;
+    MODULES
+        .iter()
+        .map(|module| {
+            let path = dir.join(prebuilt_file(module, arch));
+            let ptx = compile(module, arch)?;
+            std::fs::write(&path, ptx).map_err(|source| NvrtcError::Cache {
+                path: path.clone(),
+                source,
+            })?;
+            Ok(path)
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -236,6 +288,40 @@ mod tests {
         assert_ne!(k, cache_key(m, "sm_90", (12, 8)));
         assert_ne!(k, cache_key(&MODULES[0], "sm_90", (12, 9)));
         assert_eq!(k, cache_key(m, "sm_90", (12, 9)));
+    }
+
+    /// The prebuilt name follows the source and the architecture only, so
+    /// PTX exported by one NVRTC is found where another (or none) is.
+    #[test]
+    fn exported_ptx_is_named_by_source_and_arch() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = export_ptx(dir.path(), DEFAULT_ARCH).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(files.len(), MODULES.len());
+        let rope = std::fs::read_to_string(dir.path().join(prebuilt_file(&MODULES[1], "sm_90")));
+        assert!(rope.unwrap().contains(".entry rope_qk("));
+        let edited = KernelModule {
+            source: "// edited\n",
+            ..MODULES[1]
+        };
+        assert_ne!(
+            prebuilt_file(&edited, "sm_90"),
+            prebuilt_file(&MODULES[1], "sm_90")
+        );
+        assert_ne!(
+            prebuilt_file(&MODULES[1], "sm_80"),
+            prebuilt_file(&MODULES[1], "sm_90")
+        );
+    }
+
+    /// Not a check: `scripts/gpu-check.sh build` runs it to export every
+    /// module's sm_90 PTX into `$HOST_PTX_DIR` for the device check.
+    #[test]
+    #[ignore = "run by scripts/gpu-check.sh build, with HOST_PTX_DIR set"]
+    fn export_ptx_to_host_ptx_dir() {
+        let dir = std::env::var_os(PTX_DIR_ENV).expect("set HOST_PTX_DIR to the folder to fill");
+        for file in export_ptx(Path::new(&dir), DEFAULT_ARCH).unwrap_or_else(|e| panic!("{e}")) {
+            eprintln!("{}", file.display());
+        }
     }
 
     #[test]
