@@ -13,18 +13,54 @@
 #   scripts/gpu-check.sh build   # here: test binaries into target/gpu-check/
 #   scripts/gpu-check.sh run     # there (carry target/gpu-check): runs them
 # With no argument it does both (a machine with cargo and a GPU).
-# GPU_CHECK_MODEL: the .gguf for check 2 (default: the repository's cached
-# default model; `dummy` for SmolLM2-shaped random weights). Any failure
-# exits non-zero; nothing is skipped.
+#
+# CUDA versions: cudarc's bindings are built for one (CUDARC_CUDA_VERSION),
+# and look for that major version's sonames (libcublas.so.12 or .so.13).
+# `build` makes the checks twice, bin/cuda12 (12.8 bindings, the default
+# build) and bin/cuda13 (13.0 bindings, built in target/cuda13), and exports
+# every kernel's sm_90 PTX to ptx/ with this machine's NVRTC. `run` picks the
+# variant matching the device's libraries, says which and why, and if the
+# first check fails to load a library, tries the other variant once. A
+# variant whose NVRTC cannot load (CUDA 12 bindings, CUDA 13's NVRTC) reads
+# the exported PTX instead ($HOST_PTX_DIR).
+# GPU_CHECK_MODEL: the .gguf for the runner check (default: the repository's
+# cached default model; `dummy` for SmolLM2-shaped random weights).
+# GPU_CHECK_VARIANT=cuda12|cuda13 forces a variant. Any failure exits
+# non-zero; nothing is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out_dir=target/gpu-check
 log="${OUT:-$out_dir}/gpu-check.log"
+# The order the checks run in, each with its time limit in seconds and a
+# title; a device check not listed runs last with 120 s. All of them
+# together stop at `budget` seconds (8 minutes with start-up).
+checks=(
+    "gpu_kernels 180 kernels against CPU references"
+    "gpu_attention 60 split-K decode attention against one-pass and a CPU softmax"
+    "gpu_runner 300 runner against the CPU runner; 8B-shaped speed"
+)
+budget=460
 
-build() {
-    local args=(-p e2e --features cuda --test gpu_kernels --test gpu_runner)
+# The device checks: e2e's test targets that need the `cuda` feature.
+device_tests() {
+    cargo metadata --no-deps --format-version 1 | python3 -c '
+import json, sys
+for p in json.load(sys.stdin)["packages"]:
+    if p["name"] == "e2e":
+        for t in p["targets"]:
+            if "cuda" in (t.get("required-features") or []):
+                print(t["name"])'
+}
+
+# Builds the device checks against CUDA $1's bindings (12 or 13) into
+# $out_dir/bin/cuda$1, stripped.
+build_variant() {
+    local version=12080 target=target dest="$out_dir/bin/cuda$1" args=(-p e2e --features cuda)
+    [[ $1 == 13 ]] && version=13000 target=target/cuda13
+    for t in $(device_tests); do args+=(--test "$t"); done
+    export CUDARC_CUDA_VERSION=$version CARGO_TARGET_DIR=$target
     cargo test "${args[@]}" --no-run
-    mkdir -p "$out_dir/bin"
+    rm -rf "$dest" && mkdir -p "$dest"
     # The executables cargo just built, by name.
     cargo test "${args[@]}" --no-run --message-format=json 2>/dev/null |
         python3 -c '
@@ -34,27 +70,124 @@ for line in sys.stdin:
     exe = m.get("executable")
     if m.get("reason") == "compiler-artifact" and exe and m["target"]["name"].startswith("gpu_"):
         shutil.copy(exe, sys.argv[1] + "/" + m["target"]["name"])
-' "$out_dir/bin"
-    strip --strip-debug "$out_dir"/bin/gpu_* 2>/dev/null || true
-    ls -la "$out_dir/bin"
+' "$dest"
+    strip --strip-debug "$dest"/gpu_*
+    unset CUDARC_CUDA_VERSION CARGO_TARGET_DIR
+}
+
+build() {
+    build_variant 12
+    build_variant 13
+    # Every kernel's sm_90 PTX from the wheel's NVRTC (what CI compiles).
+    local nvrtc
+    nvrtc="$(python3 -c 'import nvidia.cuda_nvrtc as m; print(list(m.__path__)[0] + "/lib")')" ||
+        { echo "gpu-check: no NVRTC; python3 -m pip install 'nvidia-cuda-nvrtc-cu12>=12.4,<13'" >&2; exit 2; }
+    rm -rf "$out_dir/ptx"
+    LD_LIBRARY_PATH="$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" HOST_PTX_DIR="$PWD/$out_dir/ptx" \
+        cargo test -p host --features cuda --lib -- --ignored --exact cuda::nvrtc::tests::export_ptx_to_host_ptx_dir
+    ls -la "$out_dir"/bin/* "$out_dir/ptx"
+    du -sh "$out_dir"
+}
+
+# Where the dynamic loader would find library $1 (a soname): the
+# LD_LIBRARY_PATH folders, then ldconfig's cache; nothing if nowhere.
+find_lib() {
+    local dir
+    for dir in ${LD_LIBRARY_PATH//:/ }; do
+        [[ -e $dir/$1 ]] && { echo "$dir/$1"; return; }
+    done
+    ldconfig -p 2>/dev/null | awk -v l="$1" '$1 == l { print $NF; exit }'
+}
+
+# Sets `variant` (cuda12 / cuda13) for this machine's CUDA libraries, and
+# `reason` to why.
+choose_variant() {
+    local found
+    if [[ -n ${GPU_CHECK_VARIANT:-} ]]; then
+        variant=$GPU_CHECK_VARIANT reason="as GPU_CHECK_VARIANT says"
+    elif found=$(find_lib libcublas.so.13) && [[ -n $found ]]; then
+        variant=cuda13 reason="CUDA 13's cuBLAS is here ($found)"
+    elif found=$(find_lib libcublas.so.12) && [[ -n $found ]]; then
+        variant=cuda12 reason="CUDA 12's cuBLAS is here ($found)"
+    elif nvidia-smi 2>/dev/null | grep -q 'CUDA Version: 13'; then
+        variant=cuda13 reason="no libcublas.so.1[23] found; the driver says CUDA 13"
+    else
+        variant=cuda12 reason="no libcublas.so.1[23] found; the driver is not CUDA 13"
+    fi
+}
+
+# CUDA 12 bindings look for libcublas.so or .so.12. CUDA 13's cuBLAS exports
+# every symbol they resolve, so where only .so.13 is here, a folder with a
+# libcublas.so link to it lets the cuda12 variant run as a fallback.
+cublas_link_for_cuda12() {
+    local found
+    [[ -z $(find_lib libcublas.so.12) && -z $(find_lib libcublas.so) ]] || return 0
+    found=$(find_lib libcublas.so.13)
+    [[ -n $found ]] || return 0
+    mkdir -p "$out_dir/lib12" && ln -sf "$found" "$out_dir/lib12/libcublas.so"
+    export LD_LIBRARY_PATH="$PWD/$out_dir/lib12:$LD_LIBRARY_PATH"
+    echo "gpu-check: cuda12 uses $found through $out_dir/lib12/libcublas.so" | tee -a "$log"
+}
+
+# Runs check $2 of variant $1 for at most $3 seconds, into the log and
+# $out_dir/last.log; returns its status.
+run_check() {
+    local bin="$out_dir/bin/$1/$2"
+    [[ -x $bin ]] || { echo "gpu-check: $bin missing; rebuild with 'scripts/gpu-check.sh build'" | tee -a "$log"; return 1; }
+    : >"$out_dir/last.log"
+    timeout -k 10 "$3" "$bin" --test-threads=1 --nocapture 2>&1 | tee -a "$log" "$out_dir/last.log"
+    return "${PIPESTATUS[0]}"
+}
+
+# Whether the last check failed on loading a CUDA library (libs.rs's errors,
+# or cudarc's own panic where it is reached first).
+failed_on_a_library() {
+    grep -qE 'the CUDA library|the library cudarc found|Expected symbol in library|Unable to dynamically load' "$out_dir/last.log"
 }
 
 run() {
-    [[ -x $out_dir/bin/gpu_kernels && -x $out_dir/bin/gpu_runner ]] ||
+    [[ -d $out_dir/bin/cuda12 && -d $out_dir/bin/cuda13 ]] ||
         { echo "gpu-check: no binaries in $out_dir/bin; run 'scripts/gpu-check.sh build' first" >&2; exit 2; }
     mkdir -p "$(dirname "$log")"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv |& tee "$log"
-    # CUDA libraries: the toolkit's, then any pip wheels' (nvidia/*/lib).
+    # CUDA libraries: the toolkit's, then any pip wheels' (nvidia/*/lib, which
+    # is nvidia/cu13/lib for CUDA 13's wheels).
     local libs=/usr/local/cuda/lib64
     libs+=":$(python3 -c 'import glob, site; print(":".join(sorted(glob.glob(site.getsitepackages()[0] + "/nvidia/*/lib"))))' 2>/dev/null || true)"
     export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export HOST_PTX_DIR="$PWD/$out_dir/ptx"
     export GPU_CHECK_MODEL="${GPU_CHECK_MODEL:-$PWD/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
-    local start=$SECONDS status=0
-    echo "== 1. kernels against CPU references" | tee -a "$log"
-    timeout 180 "$out_dir/bin/gpu_kernels" --test-threads=1 --nocapture |& tee -a "$log" || status=1
-    echo "== 2+3. runner against the CPU runner; 8B-shaped speed" | tee -a "$log"
-    timeout 300 "$out_dir/bin/gpu_runner" --test-threads=1 --nocapture |& tee -a "$log" || status=1
-    echo "gpu-check: $((SECONDS - start)) s, $([[ $status == 0 ]] && echo PASSED || echo FAILED)" | tee -a "$log"
+    local variant reason other start=$SECONDS status=0 line name limit title left all
+    choose_variant
+    echo "gpu-check: variant $variant: $reason" | tee -a "$log"
+    [[ $variant == cuda12 ]] && cublas_link_for_cuda12
+    # Every device check that was built: the listed ones first, in order.
+    all=()
+    for line in "${checks[@]}"; do
+        [[ -x $out_dir/bin/$variant/${line%% *} ]] && all+=("$line")
+    done
+    for name in $(ls "$out_dir/bin/$variant"); do
+        printf '%s\n' "${checks[@]}" | grep -q "^$name " || all+=("$name 120 $name")
+    done
+    for line in "${all[@]}"; do
+        read -r name limit title <<<"$line"
+        left=$((budget - (SECONDS - start)))
+        ((left > 0)) || { echo "gpu-check: out of time before $name" | tee -a "$log"; status=1; break; }
+        echo "== $name ($variant): $title" | tee -a "$log"
+        if run_check "$variant" "$name" $((limit < left ? limit : left)); then continue; fi
+        if [[ -z ${other:-} ]] && failed_on_a_library; then
+            other=$([[ $variant == cuda13 ]] && echo cuda12 || echo cuda13)
+            echo "gpu-check: $variant could not load a CUDA library; trying $other once" | tee -a "$log"
+            [[ $other == cuda12 ]] && cublas_link_for_cuda12
+            if run_check "$other" "$name" $((limit < left ? limit : left)); then
+                variant=$other
+                continue
+            fi
+        fi
+        other=${other:-none}
+        status=1
+    done
+    echo "gpu-check: variant $variant, $((SECONDS - start)) s, $([[ $status == 0 ]] && echo PASSED || echo FAILED)" | tee -a "$log"
     return $status
 }
 
