@@ -100,6 +100,15 @@ fn inspect_shows_the_python_plugins_name_kind_and_wit_version() {
     ] {
         assert!(stdout.contains(line), "no {line:?} in:\n{stdout}");
     }
+    // The exports are the plugin's interfaces only, not componentize-py's
+    // own plain-named `exports` instance.
+    let exports: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| *l != "exports:")
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .collect();
+    assert_eq!(exports, ["  engine:plugins/scheduling-policy@0.2.0"], "in:\n{stdout}");
 }
 
 /// Runs every prompt greedily under `policy`, one request at a time, and

@@ -282,9 +282,14 @@ impl PluginHost {
         component: &Component,
     ) -> Result<(Vec<String>, PluginKind, String), PluginError> {
         let ty = component.component_type();
+        // Interfaces only (`namespace:package/interface@version`): toolchains
+        // add plain-named instances of their own (componentize-py's
+        // `exports`), which are no part of the plugin's contract.
         let exports: Vec<String> = ty
             .exports(self.runtime.engine())
-            .filter(|(_, item)| matches!(item.ty, ComponentItem::ComponentInstance(_)))
+            .filter(|(name, item)| {
+                matches!(item.ty, ComponentItem::ComponentInstance(_)) && name.contains(':')
+            })
             .map(|(name, _)| name.to_string())
             .collect();
         let ours: Vec<(&str, &str)> = exports.iter().filter_map(|e| split_export(e)).collect();

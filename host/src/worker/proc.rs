@@ -264,6 +264,18 @@ mod tests {
     }
 
     #[test]
+    fn auto_picks_the_gpu_only_when_one_is_usable_and_there_is_one_rank() {
+        assert_eq!(worker_device("cpu", 1), WorkerDevice::Cpu);
+        assert_eq!(worker_device("gpu", 1), WorkerDevice::Gpu);
+        // Tensor parallelism runs on CPU workers, whatever the machine has.
+        assert_eq!(worker_device("auto", 3), WorkerDevice::Cpu);
+        let want = if gpu_visible() { WorkerDevice::Gpu } else { WorkerDevice::Cpu };
+        assert_eq!(worker_device("auto", 1), want);
+        #[cfg(not(feature = "cuda"))]
+        assert_eq!(worker_device("auto", 1), WorkerDevice::Cpu, "no CUDA build, no GPU worker");
+    }
+
+    #[test]
     fn the_busy_loop_replies_failures_and_carries_on_until_shutdown() {
         let rpc = MessageQueue::new_writer(1, QueueConfig::default()).unwrap();
         let handle = rpc.export_handle();
