@@ -33,7 +33,7 @@ pub enum GpuError {
     /// The model or the request does not fit what the kernels support.
     #[error("{0}")]
     Unsupported(String),
-    /// The driver or cuBLAS library cannot be loaded.
+    /// The cuBLAS library cannot be loaded.
     #[error(transparent)]
     Library(#[from] LibError),
 }
@@ -67,8 +67,9 @@ impl Gpu {
         // The driver and cuBLAS as cudarc will load them, so a missing or
         // mismatched library is an error naming it, not cudarc's panic
         // (libs.rs). NVRTC is checked where the kernels are compiled, since
-        // prebuilt PTX ($HOST_PTX_DIR) may stand in for it.
-        libs::check(CudaLib::Driver)?;
+        // prebuilt PTX ($HOST_PTX_DIR) may stand in for it. No usable driver
+        // means no GPU to this process.
+        libs::check(CudaLib::Driver).map_err(|e| GpuError::NoDevice(e.to_string()))?;
         libs::check(CudaLib::Cublas)?;
         let count = device_count();
         if ordinal >= count {
