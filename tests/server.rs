@@ -412,6 +412,41 @@ fn the_rpc_endpoint_is_off_unless_enabled() {
 }
 
 #[test]
+fn requests_wait_while_the_engine_sleeps_and_run_after_wake_up() {
+    let server = Server::start(&["--set", "server.enable_rpc_endpoint=true"]);
+    let prompt = "The capital of France is";
+    let want = offline(vec![Prompt::Text(prompt.into())], greedy(8));
+    let asleep = |server: &Server| server.get("/is_sleeping").json()["is_sleeping"].clone();
+    assert_eq!(asleep(&server), json!(false));
+    let r = server.post("/sleep?level=3", &json!({}));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("level 3"), "{}", r.text());
+    let r = server.post("/sleep?level=1", &json!({}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(asleep(&server), json!(true));
+    std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let server = &server;
+        s.spawn(move || {
+            let body = json!({"prompt": prompt, "max_tokens": 8, "temperature": 0});
+            tx.send(server.post("/v1/completions", &body)).unwrap();
+        });
+        // Asleep, the engine schedules nothing: the request waits.
+        assert!(rx.recv_timeout(Duration::from_secs(2)).is_err(), "a request ran while asleep");
+        let r = server.post("/wake_up?tags=weights", &json!({}));
+        assert_eq!(r.json()["is_sleeping"], json!(true), "{}", r.text());
+        assert!(rx.recv_timeout(Duration::from_millis(500)).is_err(), "ran with the KV cache asleep");
+        let r = server.post("/wake_up?tags=kv_cache", &json!({}));
+        assert_eq!(r.json()["is_sleeping"], json!(false), "{}", r.text());
+        let r = rx.recv_timeout(Duration::from_secs(60)).expect("the request ran after wake_up");
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["choices"][0]["text"], want[0].text);
+    });
+    let r = server.post("/reset_prefix_cache", &json!({}));
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+#[test]
 fn host_without_a_subcommand_serves() {
     use std::io::BufRead;
     let mut child = std::process::Command::new(e2e::host_bin())
