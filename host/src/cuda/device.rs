@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use cudarc::cublas::{sys as blas, CudaBlas};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig,
 };
 use thiserror::Error;
 
@@ -48,14 +48,26 @@ pub fn device_count() -> usize {
     CudaContext::device_count().map_or(0, |n| n.max(0) as usize)
 }
 
+/// cuBLAS's fixed workspace: with one set, a GEMM never allocates, which
+/// CUDA-graph capture requires (32 MiB, what PyTorch gives Hopper).
+pub const BLAS_WORKSPACE_BYTES: usize = 32 << 20;
+
 /// A GPU with the runner's kernels loaded.
 pub struct Gpu {
     /// The device's context.
     pub ctx: Arc<CudaContext>,
-    /// The stream every kernel and copy of the runner is ordered on.
+    /// The stream every kernel and copy of the runner is ordered on: a
+    /// created (non-blocking) stream, because the legacy default stream
+    /// cannot be captured into a CUDA graph. cudarc's cross-stream event
+    /// tracking is off (everything is on this one stream, and an event
+    /// recorded outside a capture cannot be waited on inside it); code that
+    /// adds a second stream must order it with events itself.
     pub stream: Arc<CudaStream>,
     /// cuBLAS on `stream`.
     blas: CudaBlas,
+    /// The workspace `blas` is given ([`BLAS_WORKSPACE_BYTES`]); kept alive
+    /// as long as the handle.
+    _blas_workspace: CudaSlice<u8>,
     /// Every kernel of [`MODULES`], by name.
     funcs: HashMap<&'static str, CudaFunction>,
 }
@@ -94,7 +106,10 @@ impl Gpu {
                 )))
             }
         };
-        let stream = ctx.default_stream();
+        // SAFETY: before any allocation; the runner uses only `stream`, so
+        // no slice is shared between streams (see the field's comment).
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream()?;
         let mut funcs = HashMap::new();
         for module in MODULES {
             let ptx = nvrtc::load_or_compile(module, arch, cache_dir)?;
@@ -104,10 +119,22 @@ impl Gpu {
             }
         }
         let blas = CudaBlas::new(stream.clone()).map_err(GpuError::Blas)?;
+        let mut workspace = stream.alloc_zeros::<u8>(BLAS_WORKSPACE_BYTES)?;
+        {
+            let (ptr, _guard) = workspace.device_ptr_mut(&stream);
+            // SAFETY: the handle is live and the workspace outlives it (both
+            // are fields of the returned `Gpu`).
+            unsafe {
+                blas::cublasSetWorkspace_v2(*blas.handle(), ptr as *mut _, BLAS_WORKSPACE_BYTES)
+            }
+            .result()
+            .map_err(GpuError::Blas)?;
+        }
         Ok(Gpu {
             ctx,
             stream,
             blas,
+            _blas_workspace: workspace,
             funcs,
         })
     }

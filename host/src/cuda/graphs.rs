@@ -6,6 +6,8 @@
 //! 512). A batch runs the graph of the smallest captured size that holds it,
 //! its extra rows padding; a larger batch runs eagerly.
 
+use crate::model_runner::ModelInput;
+
 /// The largest batch vLLM captures by default.
 pub const MAX_CAPTURE_SIZE: usize = 512;
 
@@ -34,9 +36,56 @@ pub fn padded_batch_size(sizes: &[usize], num_seqs: usize) -> Option<usize> {
     sizes.get(at).copied()
 }
 
+/// The captured size `input` replays, or `None` to run it eagerly: only a
+/// pure decode batch (every sequence has exactly one query token) that some
+/// captured size holds. `captured` is ascending (empty when graphs are off,
+/// `enforce_eager`, or not captured yet). A prefill or mixed batch has a
+/// per-step attention grid and token count, which a graph cannot follow.
+pub fn decode_graph_size(captured: &[usize], input: &ModelInput) -> Option<usize> {
+    let decode_only =
+        input.token_ids.len() == input.seqs.len() && input.seqs.iter().all(|s| s.query_len == 1);
+    if !decode_only {
+        return None;
+    }
+    padded_batch_size(captured, input.seqs.len())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model_runner::SeqInput;
+
+    fn batch(query_lens: &[usize]) -> ModelInput {
+        let mut input = ModelInput::default();
+        for &q in query_lens {
+            for p in 0..q {
+                input.token_ids.push(1);
+                input.positions.push(p as u32);
+            }
+            input.seqs.push(SeqInput {
+                query_len: q,
+                context_len: q + 10,
+                block_table: vec![0; 2],
+            });
+        }
+        input
+    }
+
+    #[test]
+    fn only_pure_decode_batches_that_fit_replay_a_graph() {
+        let sizes = capture_sizes(8);
+        assert_eq!(decode_graph_size(&sizes, &batch(&[1])), Some(1));
+        assert_eq!(decode_graph_size(&sizes, &batch(&[1, 1, 1])), Some(4));
+        assert_eq!(decode_graph_size(&sizes, &batch(&[1; 8])), Some(8));
+        // Too large for every captured size: eager.
+        assert_eq!(decode_graph_size(&sizes, &batch(&[1; 9])), None);
+        // A prefill, or a decode mixed with a prefill chunk: eager.
+        assert_eq!(decode_graph_size(&sizes, &batch(&[5])), None);
+        assert_eq!(decode_graph_size(&sizes, &batch(&[1, 2, 1])), None);
+        // Nothing captured (enforce_eager) or an empty step: eager.
+        assert_eq!(decode_graph_size(&[], &batch(&[1])), None);
+        assert_eq!(decode_graph_size(&sizes, &ModelInput::default()), None);
+    }
 
     #[test]
     fn vllm_list_for_256_sequences() {

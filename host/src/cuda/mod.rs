@@ -10,14 +10,18 @@
 //! - [`nvrtc`]: the CUDA C kernels and their compilation to PTX, cached;
 //! - [`libs`]: whether the driver, NVRTC and cuBLAS load here, as errors;
 //! - [`memory`]: the KV-cache budget from the memory snapshots;
-//! - [`graphs`]: the CUDA-graph capture sizes and batch padding;
+//! - [`graphs`]: the CUDA-graph capture sizes, batch padding and which
+//!   batches replay a graph;
+//! - [`attention`]: the split-K (flash-decoding) partition count;
 //! - [`metadata`]: block tables and slot mappings in the kernels' layout;
 //! - [`philox`]: the sampler's counter-based generator, host reference;
 //! - [`sampler`]: device sampling driven from the host, and which requests
 //!   may use it;
 //! - [`host_draw`]: the device sampler's draw computed on the host.
 
+pub mod attention;
 pub mod device;
+pub mod forward;
 pub mod graphs;
 pub mod libs;
 pub mod host_draw;

@@ -52,7 +52,12 @@ pub const MODULES: &[KernelModule] = &[
     KernelModule {
         name: "attention",
         source: include_str!("kernels/attention.cu"),
-        kernels: &["reshape_and_cache", "paged_attention"],
+        kernels: &[
+            "reshape_and_cache",
+            "paged_attention",
+            "paged_attention_split",
+            "paged_attention_reduce",
+        ],
     },
     KernelModule {
         name: "sampling",
