@@ -3,10 +3,13 @@
 # on one H200:
 #   1. every kernel against a CPU reference on fresh random inputs (NaN-filled
 #      outputs, so an unwritten element fails);
-#   2. the GPU runner against the CPU runner on the default model (first-token
-#      logits relative error < 1e-2, 32 greedy tokens equal on 5 prompts);
-#   3. Llama-3.1-8B-shaped dummy weights: decode at batch 1 / 64 / 256 and an
-#      8k prefill, as a table beside the HBM roofline measured in the same run.
+#   2. split-K decode attention against one-pass attention and a CPU softmax;
+#   3. the GPU runner against the CPU runner on the default model (first-token
+#      logits relative error < 1e-2, 32 greedy tokens equal on 5 prompts), and
+#      CUDA-graph replay against eager decode at batch 1 / 3 / 17;
+#   4. Llama-3.1-8B-shaped dummy weights: decode at batch 1 / 64 / 256 (eager
+#      and CUDA graphs) and an 8k prefill, as a table beside the HBM roofline
+#      measured in the same run.
 #
 # The device machine has no cargo and no network, so the check is built here
 # and run there:
