@@ -33,9 +33,10 @@ pub struct MemoryProfile {
     pub before: MemorySnapshot,
     /// Bytes of the weights on the device.
     pub weights: u64,
-    /// Highest bytes held by activations during the profile run.
+    /// Bytes of the activation buffers. The runner allocates them once,
+    /// for the largest step, and holds them, so `after` includes them.
     pub activation_peak: u64,
-    /// After the profile run (activations freed again).
+    /// After the profile run (its temporary KV cache freed again).
     pub after: MemorySnapshot,
 }
 
@@ -109,10 +110,11 @@ pub fn available_kv_cache_memory(
             total_gib: total as f64 / GIB,
         });
     }
-    // What this worker still holds after the profile run beyond its weights
-    // (context, cuBLAS workspaces); activations are freed by then.
+    // What this worker holds after the profile run beyond its weights and
+    // activation buffers: memory the run made others take (cuBLAS's
+    // workspaces, the driver's lazily loaded modules).
     let grown = profile.after.used().saturating_sub(profile.before.used());
-    let other = grown.saturating_sub(profile.weights);
+    let other = grown.saturating_sub(profile.weights + profile.activation_peak);
     let needed = profile.weights + profile.activation_peak + other;
     requested
         .checked_sub(needed)
@@ -143,7 +145,7 @@ mod tests {
             weights: 16 * G,
             activation_peak: 3 * G,
             after: MemorySnapshot {
-                free: 140 * G - 16 * G - G / 2,
+                free: 140 * G - 16 * G - 3 * G - G / 2,
                 total: 141 * G,
             },
         }

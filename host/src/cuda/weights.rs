@@ -138,4 +138,121 @@ impl DeviceWeights {
     pub fn output(&self) -> &CudaSlice<u16> {
         self.lm_head.as_ref().unwrap_or(&self.embed)
     }
+    /// The bf16 matrices in a fixed order: embedding, LM head (if any),
+    /// then each layer's QKV, O, gate/up and down.
+    fn matrices(&self) -> Vec<&CudaSlice<u16>> {
+        let mut out = vec![&self.embed];
+        out.extend(self.lm_head.as_ref());
+        for l in &self.layers {
+            out.extend([&l.qkv, &l.wo, &l.gate_up, &l.down]);
+        }
+        out
+    }
+
+    /// The f32 norms in a fixed order: final, then each layer's two.
+    fn norms(&self) -> Vec<&CudaSlice<f32>> {
+        let mut out = vec![&self.final_norm];
+        for l in &self.layers {
+            out.extend([&l.attn_norm, &l.ffn_norm]);
+        }
+        out
+    }
+
+    /// Copies every tensor to host memory (sleep level 1); the device
+    /// copies are freed when `self` is dropped.
+    pub fn download(&self, gpu: &Gpu) -> Result<HostWeights, GpuError> {
+        let s = &gpu.stream;
+        Ok(HostWeights {
+            matrices: self.matrices().into_iter().map(|t| s.memcpy_dtov(t)).collect::<Result<_, _>>()?,
+            norms: self.norms().into_iter().map(|t| s.memcpy_dtov(t)).collect::<Result<_, _>>()?,
+            has_lm_head: self.lm_head.is_some(),
+        })
+    }
+
+    /// Uploads again what feeds the tensor `name` of `weights` after it
+    /// changed: a norm, a single matrix, or the whole stacked QKV or
+    /// gate/up matrix it is part of (same size, same buffer, so captured
+    /// CUDA graphs stay valid).
+    pub fn reload(&mut self, gpu: &Gpu, weights: &ModelWeights, name: &str) -> Result<(), GpuError> {
+        let s = &gpu.stream;
+        let bf16 = |dst: &mut CudaSlice<u16>, src: &[&Tensor]| s.memcpy_htod(&bf16_rows(src), dst);
+        let norm = |dst: &mut CudaSlice<f32>, src: &Tensor| s.memcpy_htod(&dequant::dequantize(src), dst);
+        if name == weights.embed.name {
+            return Ok(bf16(&mut self.embed, &[&weights.embed])?);
+        }
+        if name == weights.final_norm.name {
+            return Ok(norm(&mut self.final_norm, &weights.final_norm)?);
+        }
+        if let (Some(dst), Some(src)) = (self.lm_head.as_mut(), weights.lm_head.as_ref()) {
+            if src.name == name {
+                return Ok(bf16(dst, &[src])?);
+            }
+        }
+        for (dst, l) in self.layers.iter_mut().zip(&weights.layers) {
+            let names = |ts: &[&Tensor]| ts.iter().any(|t| t.name == name);
+            if names(&[&l.wq, &l.wk, &l.wv]) {
+                return Ok(bf16(&mut dst.qkv, &[&l.wq, &l.wk, &l.wv])?);
+            } else if names(&[&l.w_gate, &l.w_up]) {
+                return Ok(bf16(&mut dst.gate_up, &[&l.w_gate, &l.w_up])?);
+            } else if l.wo.name == name {
+                return Ok(bf16(&mut dst.wo, &[&l.wo])?);
+            } else if l.w_down.name == name {
+                return Ok(bf16(&mut dst.down, &[&l.w_down])?);
+            } else if l.attn_norm.name == name {
+                return Ok(norm(&mut dst.attn_norm, &l.attn_norm)?);
+            } else if l.ffn_norm.name == name {
+                return Ok(norm(&mut dst.ffn_norm, &l.ffn_norm)?);
+            }
+        }
+        Err(GpuError::Unsupported(format!("no weight named `{name}` on the device")))
+    }
+}
+
+/// The weights in host memory while the GPU sleeps at level 1, in
+/// [`DeviceWeights`]' fixed order.
+pub struct HostWeights {
+    matrices: Vec<Vec<u16>>,
+    norms: Vec<Vec<f32>>,
+    has_lm_head: bool,
+}
+
+impl HostWeights {
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.matrices.iter().map(|m| 2 * m.len()).sum::<usize>()
+            + self.norms.iter().map(|n| 4 * n.len()).sum::<usize>()
+    }
+
+    /// Uploads them back (wake_up).
+    pub fn upload(&self, gpu: &Gpu) -> Result<DeviceWeights, GpuError> {
+        let s = &gpu.stream;
+        let mut m = self.matrices.iter().map(|v| s.memcpy_stod(v));
+        let mut n = self.norms.iter().map(|v| s.memcpy_stod(v));
+        let missing = || GpuError::Unsupported("the offloaded weights are incomplete".into());
+        let mut next_m = || m.next().ok_or_else(missing).and_then(|r| Ok(r?));
+        let embed = next_m()?;
+        let lm_head = if self.has_lm_head { Some(next_m()?) } else { None };
+        let num_layers = (self.norms.len().saturating_sub(1)) / 2;
+        let mut layers = Vec::with_capacity(num_layers);
+        let mut next_n = || n.next().ok_or_else(missing).and_then(|r| Ok(r?));
+        let final_norm = next_n()?;
+        for _ in 0..num_layers {
+            let (qkv, wo, gate_up, down) = (next_m()?, next_m()?, next_m()?, next_m()?);
+            let (attn_norm, ffn_norm) = (next_n()?, next_n()?);
+            layers.push(DeviceLayer {
+                attn_norm,
+                qkv,
+                wo,
+                ffn_norm,
+                gate_up,
+                down,
+            });
+        }
+        Ok(DeviceWeights {
+            embed,
+            lm_head,
+            final_norm,
+            layers,
+        })
+    }
 }
