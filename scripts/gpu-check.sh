@@ -9,7 +9,10 @@
 #      CUDA-graph replay against eager decode at batch 1 / 3 / 17;
 #   4. Llama-3.1-8B-shaped dummy weights: decode at batch 1 / 64 / 256 (eager
 #      and CUDA graphs) and an 8k prefill, as a table beside the HBM roofline
-#      measured in the same run.
+#      measured in the same run;
+#   5. the engine on the GPU worker (worker.cls = "gpu", needs the real
+#      model): greedy agreement with the CPU engine, graphs against
+#      enforce_eager, sleep levels 1 / 2 freeing memory, update_weights.
 #
 # The device machine has no cargo and no network, so the check is built here
 # and run there:
@@ -41,6 +44,7 @@ checks=(
     "gpu_kernels 180 kernels against CPU references"
     "gpu_attention 60 split-K decode attention against one-pass and a CPU softmax"
     "gpu_runner 300 runner against the CPU runner; 8B-shaped speed"
+    "gpu_worker 150 the engine on the GPU worker: CPU agreement, graphs, sleep, update_weights"
 )
 budget=460
 
