@@ -126,6 +126,14 @@ fn update_weights_in_the_rlhf_order_changes_exactly_what_it_should() {
         llm.update_weights(&[(&name, &norm)]).unwrap();
         let (got, _) = run(&mut llm);
         assert_eq!(got, want, "restoring {name} restores the output ({backend})");
+        // Awake, through collective_rpc as the HTTP endpoint sends it: the
+        // prefixes cached with the old weights are forgotten all the same.
+        llm.collective_rpc("update_weights", Some(serde_json::json!({ &name: negated }))).unwrap();
+        let (got, cached) = run(&mut llm);
+        assert_eq!(got[0][0], argmin, "negated through collective_rpc ({backend})");
+        assert_eq!(cached[0], 0, "a prefix cached with the old weights was reused ({backend})");
+        llm.collective_rpc("update_weights", Some(serde_json::json!({ &name: norm }))).unwrap();
+        assert_eq!(run(&mut llm).0, want, "restored through collective_rpc ({backend})");
     }
 }
 

@@ -51,7 +51,12 @@ impl EngineCore {
                     None | Some(Value::Null) => RpcValue::Unit,
                     Some(a) => RpcValue::Json(a.to_string()),
                 };
-                self.call_workers(rpc_method, rpc_args).map(Value::Array)
+                let replies = self.call_workers(rpc_method, rpc_args)?;
+                if rpc_method == "update_weights" {
+                    // Prefixes cached with the old weights are stale.
+                    self.reset_prefix_cache();
+                }
+                Ok(Value::Array(replies))
             }
             "sleep" => {
                 let level = match args.get("level").unwrap_or(&args) {
