@@ -113,3 +113,58 @@ fn update_weights_reaches_the_device() {
     llm.update_weights(&[(&name, &norm)]).unwrap();
     assert_eq!(greedy(&mut llm), want, "restoring {name}");
 }
+
+/// Tokens of `prompts`, all in one batch, each with its own `params`.
+fn generate(llm: &mut Llm, prompts: &[&str], params: &[SamplingParams]) -> Vec<Vec<u32>> {
+    let reqs: Vec<GenerateRequest> = prompts
+        .iter()
+        .zip(params)
+        .map(|(p, params)| GenerateRequest {
+            prompt: Prompt::Text(p.to_string()),
+            params: params.clone(),
+            priority: 0,
+        })
+        .collect();
+    let done = llm.generate(&reqs, |_, _| {}, |_, _| {}).unwrap();
+    done.into_iter().map(|c| c.unwrap().token_ids).collect()
+}
+
+#[test]
+fn device_sampling_is_seeded_batch_independent_and_greedy_as_the_host() {
+    let prompts: Vec<&str> = PROMPTS
+        .iter()
+        .copied()
+        .chain(["Rust is a programming language that", "My favourite fruit is", "In 1969, astronauts"])
+        .collect();
+    let sampled = |seed: u64| SamplingParams {
+        temperature: 1.0,
+        top_k: 50,
+        top_p: 0.95,
+        seed: Some(seed),
+        max_tokens: TOKENS,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    };
+    let params: Vec<SamplingParams> = (0..prompts.len() as u64).map(|i| sampled(1000 + i)).collect();
+    let mut llm = Llm::new(&config("gpu")).unwrap();
+    let batch = generate(&mut llm, &prompts, &params);
+    let alone = generate(&mut llm, &prompts[..1], &params[..1]);
+    let again = generate(&mut Llm::new(&config("gpu")).unwrap(), &prompts, &params);
+    println!("batch {:?}\nalone {:?}", batch[0], alone[0]);
+    assert_eq!(again, batch, "a second engine drew other tokens with the same seeds");
+    // The draw is keyed by (seed, position) only; the logits themselves
+    // must also not depend on the batch (they do if cuBLAS picks another
+    // algorithm per batch size and a draw sits on a near-tie).
+    assert_eq!(alone[0], batch[0], "the seeded request's tokens depend on its batch");
+    // Another seed, other draws: the rows really were sampled.
+    let reseeded = generate(&mut llm, &prompts[..1], &[sampled(7)]);
+    assert_ne!(reseeded[0], batch[0], "seed 7 drew seed 1000's {TOKENS} tokens");
+
+    // Greedy on the device against greedy on the host (logprobs keep a
+    // row, and so the step, on the host).
+    let greedy = SamplingParams { temperature: 0.0, max_tokens: TOKENS, ignore_eos: true, ..SamplingParams::default() };
+    let host = SamplingParams { logprobs: Some(0), ..greedy.clone() };
+    let on_device = generate(&mut llm, &prompts, &vec![greedy; prompts.len()]);
+    let on_host = generate(&mut llm, &prompts, &vec![host; prompts.len()]);
+    assert_eq!(on_device, on_host, "device greedy differs from the host's argmax");
+}

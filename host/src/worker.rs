@@ -160,6 +160,14 @@ enum Device {
     Gpu(crate::cuda::GpuDevice),
 }
 
+/// A step between `execute_model` and `sample_tokens`.
+enum Pending {
+    /// Its logits, for the host sampler.
+    Host(StepPlan, Logits),
+    /// The tokens the device sampled, one per sampled row in plan order.
+    Device(StepPlan, Vec<u32>),
+}
+
 /// A worker: one device, one model runner, the persistent batch.
 pub struct Worker {
     /// Its configuration.
@@ -183,8 +191,8 @@ pub struct Worker {
     input_batch: InputBatch,
     /// The step being built (reused to avoid allocating).
     step_input: ModelInput,
-    /// Logits of the step run by `execute_model`, until `sample_tokens`.
-    pending: Option<(StepPlan, Logits)>,
+    /// The step run by `execute_model`, until `sample_tokens`.
+    pending: Option<Pending>,
 }
 
 impl Worker {
@@ -234,7 +242,11 @@ impl Worker {
                 Device::Cpu(Arc::new(ThreadPool::new(self.config.num_threads)))
             }
             #[cfg(feature = "cuda")]
-            WorkerDevice::Gpu => Device::Gpu(crate::cuda::GpuDevice::open(0)?),
+            WorkerDevice::Gpu => {
+                let gpu = crate::cuda::GpuDevice::open(0)?;
+                self.input_batch.set_samples_on_device();
+                Device::Gpu(gpu)
+            }
             #[cfg(not(feature = "cuda"))]
             WorkerDevice::Gpu => {
                 return Err(WorkerError::Config(
@@ -396,7 +408,8 @@ impl Worker {
 
     /// Applies a scheduler step's deltas to the persistent batch and runs
     /// its forward pass (vLLM's `execute_model`); the logits wait for
-    /// [`Worker::sample_tokens`].
+    /// [`Worker::sample_tokens`]. On a GPU, a step the device can sample
+    /// is sampled here, where its logits are, and only the tokens wait.
     pub fn execute_model(&mut self, so: &SchedulerOutput) -> Result<(), WorkerError> {
         self.check_awake("execute_model")?;
         if self.num_blocks == 0 {
@@ -409,8 +422,14 @@ impl Worker {
                 .runner
                 .as_deref_mut()
                 .ok_or(WorkerError::OutOfOrder { called: "execute_model", missing: "load_model" })?;
+            if let Some(rows) = self.input_batch.device_rows(&plan) {
+                if let Some(tokens) = runner.execute_and_sample(&self.step_input, &rows) {
+                    self.pending = Some(Pending::Device(plan, tokens?));
+                    return Ok(());
+                }
+            }
             let logits = runner.execute_model(&self.step_input)?;
-            self.pending = Some((plan, logits));
+            self.pending = Some(Pending::Host(plan, logits));
         }
         Ok(())
     }
@@ -435,7 +454,8 @@ impl Worker {
     /// request that reached the end of its known tokens, as `(handle, [token])`.
     pub fn sample_tokens(&mut self) -> Result<ModelRunnerOutput, WorkerError> {
         match self.pending.take() {
-            Some((plan, mut logits)) => match self.input_batch.apply_processors(&plan, &mut logits) {
+            Some(Pending::Device(plan, tokens)) => Ok(self.input_batch.record_sampled(&plan, &tokens)?),
+            Some(Pending::Host(plan, mut logits)) => match self.input_batch.apply_processors(&plan, &mut logits) {
                 Ok(()) => Ok(self.input_batch.sample(&plan, &mut logits)?),
                 // A processor faulted under `on_error = "fail"`: the requests
                 // whose rows it was given fail; the engine and the other
@@ -519,6 +539,49 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("needs load_model"), "{err}");
+    }
+
+    #[test]
+    fn the_cpu_worker_samples_on_the_host_even_when_every_row_is_device_eligible() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut w = Worker::new(WorkerConfig {
+            model: crate::config::default_model_path(&root),
+            ..config()
+        })
+        .unwrap();
+        w.init_device().unwrap();
+        w.load_model().unwrap();
+        w.initialize_from_config(8).unwrap();
+        let prompt = vec![1u32, 504, 3458, 282];
+        let so = SchedulerOutput {
+            scheduled_new_reqs: vec![crate::scheduler::NewRequestData {
+                handle: crate::scheduler::ReqHandle(0),
+                request_id: "r0".into(),
+                prompt_token_ids: prompt.clone(),
+                // Greedy, no logprobs: a row the device sampler could take.
+                sampling_params: crate::sampling::SamplingParams { temperature: 0.0, ..Default::default() },
+                block_ids: vec![0],
+                num_computed_tokens: 0,
+            }],
+            num_scheduled_tokens: vec![(crate::scheduler::ReqHandle(0), prompt.len() as u32)],
+            ..SchedulerOutput::default()
+        };
+        // The CPU runner does not sample on a device.
+        let rows = [crate::model_runner::DeviceSampleRow {
+            params: &crate::sampling::SamplingParams::default(),
+            seed: 0,
+            position: 4,
+            logits_row: 0,
+        }];
+        let input = ModelInput::single(&prompt, 0, vec![0]);
+        assert!(w.runner_mut("test").unwrap().execute_and_sample(&input, &rows).is_none());
+        w.execute_model(&so).unwrap();
+        let Some(Pending::Host(_, logits)) = &w.pending else {
+            panic!("the CPU worker left no logits for the host sampler");
+        };
+        let want = crate::sampling::select::argmax(&logits.data[..logits.vocab_size]) as u32;
+        let out = w.sample_tokens().unwrap();
+        assert_eq!(out.sampled, vec![(crate::scheduler::ReqHandle(0), [want])]);
     }
 
     #[test]

@@ -17,14 +17,17 @@
 //! - [`philox`]: the sampler's counter-based generator, host reference;
 //! - [`sampler`]: device sampling driven from the host, and which requests
 //!   may use it;
-//! - [`host_draw`]: the device sampler's draw computed on the host.
+//! - [`host_draw`]: the device sampler's draw computed on the host;
+//! - [`device_runner`]: [`GpuDevice`] and [`GpuRunner`], what the engine's
+//!   `Worker` drives on a GPU (profile run, graphs, sleep, weight updates).
 
 pub mod attention;
 pub mod device;
+pub mod device_runner;
 pub mod forward;
 pub mod graphs;
-pub mod libs;
 pub mod host_draw;
+pub mod libs;
 pub mod memory;
 pub mod metadata;
 pub mod nvrtc;
@@ -36,3 +39,5 @@ pub mod weights;
 /// The CUDA bindings the runner is built on, for the device checks
 /// (tests/gpu_*.rs) to launch kernels directly.
 pub use cudarc;
+
+pub use device_runner::{GpuDevice, GpuRunner};

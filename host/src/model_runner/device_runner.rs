@@ -4,6 +4,7 @@
 
 use super::{CpuModelRunner, KvCacheShape, Logits, ModelInput, RunnerConfig, RunnerError};
 use crate::model::{LlamaConfig, ModelWeights};
+use crate::sampling::SamplingParams;
 
 /// How much memory the KV cache may take (vLLM's `kv_cache_memory_bytes`
 /// and `gpu_memory_utilization`).
@@ -13,6 +14,23 @@ pub struct KvCacheBudget {
     pub bytes: Option<usize>,
     /// Otherwise, on a GPU: the fraction of the device the engine may use.
     pub gpu_memory_utilization: f64,
+}
+
+/// One row a step samples where its logits are, described without naming
+/// a device: the worker builds these, a runner that samples on its device
+/// turns them into its own row format.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeviceSampleRow<'a> {
+    /// The request's sampling parameters.
+    pub params: &'a SamplingParams,
+    /// Keys the request's random stream: its seed, or a random one drawn
+    /// once for an unseeded request, so it is the same at every step.
+    pub seed: u64,
+    /// Position of the token being sampled (the draw's counter, so a
+    /// seeded request's draw does not depend on its batch).
+    pub position: u32,
+    /// Which row of the step's logits (its sequence index in the input).
+    pub logits_row: usize,
 }
 
 /// A model runner as the worker drives it. Every method but
@@ -59,6 +77,21 @@ pub trait DeviceRunner: Send {
     /// Runs one step: writes the K/V of every token of `input` into the
     /// cache and returns the logits of each sequence's last query token.
     fn execute_model(&mut self, input: &ModelInput) -> Result<Logits, RunnerError>;
+
+    /// Runs one step like [`DeviceRunner::execute_model`] but samples
+    /// `rows` where the logits are, so they never leave the device:
+    /// returns one token per row, in `rows`' order. `None` (without
+    /// running anything) when this runner cannot sample on its device or
+    /// not these rows; the worker then runs `execute_model` and samples on
+    /// the host. The default: never (the CPU runner, whose logits already
+    /// are on the host).
+    fn execute_and_sample(
+        &mut self,
+        _input: &ModelInput,
+        _rows: &[DeviceSampleRow],
+    ) -> Option<Result<Vec<u32>, RunnerError>> {
+        None
+    }
 
     /// Prepares again what the tensor `name` of `weights` feeds, after it
     /// changed (vLLM's `update_weights`).

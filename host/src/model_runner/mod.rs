@@ -20,7 +20,7 @@ mod scratch;
 use thiserror::Error;
 
 pub use cpu::{CpuModelRunner, RunnerConfig};
-pub use device_runner::{DeviceRunner, KvCacheBudget};
+pub use device_runner::{DeviceRunner, DeviceSampleRow, KvCacheBudget};
 pub use input::{ModelInput, SeqInput};
 /// The limits a step is validated against (shared with the CUDA runner).
 #[cfg(feature = "cuda")]

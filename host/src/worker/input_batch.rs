@@ -8,8 +8,14 @@
 
 use thiserror::Error;
 
-use crate::model_runner::{Logits, ModelInput, SeqInput};
+#[cfg(feature = "cuda")]
+mod device_draw;
+#[cfg(test)]
+mod tests;
+
+use crate::model_runner::{DeviceSampleRow, Logits, ModelInput, SeqInput};
 use crate::plugins::{LogitsProcessors, OnError, PluginError, Row, SamplerPlugin};
+use crate::sampling::rng::Xoshiro256StarStar;
 use crate::sampling::{PreparedRow, RequestSampler, SampledToken, SamplingParams};
 use super::output::{Logprobs, ModelRunnerOutput};
 use crate::scheduler::{ReqHandle, SchedulerOutput};
@@ -29,6 +35,10 @@ struct CachedRequestState {
     block_ids: Vec<u32>,
     params: SamplingParams,
     sampler: RequestSampler,
+    /// Keys the device sampler's stream: the request's seed, or a random
+    /// one drawn when it entered the batch, so it is stable across steps.
+    /// `None` when the batch does not sample on a device.
+    device_seed: Option<u64>,
     /// Failed in an earlier step (a plugin fault): steps scheduled for it
     /// before the scheduler learnt of it (async scheduling) skip it.
     failed: bool,
@@ -61,6 +71,8 @@ pub struct InputBatch {
     processor_rows: Vec<Row>,
     /// The sampler plugin, told when requests enter and leave.
     sampler: Option<SamplerPlugin>,
+    /// The worker's runner can sample on its device (a GPU worker).
+    on_device: bool,
 }
 
 impl InputBatch {
@@ -73,7 +85,63 @@ impl InputBatch {
             processors: None,
             processor_rows: Vec::new(),
             sampler: None,
+            on_device: false,
         }
+    }
+
+    /// Marks the batch as a GPU worker's: requests entering it from now on
+    /// get a device seed, and [`Self::device_rows`] offers steps to the
+    /// device sampler.
+    #[cfg(any(feature = "cuda", test))]
+    pub fn set_samples_on_device(&mut self) {
+        self.on_device = true;
+    }
+
+    /// The rows `plan` samples, for the runner to sample where the logits
+    /// are; `None` (the host samples) unless the batch is a GPU worker's and
+    /// no logits processor or sampler plugin is installed (both run on the
+    /// host's logits). Whether every row's parameters suit the device is
+    /// the runner's call.
+    pub fn device_rows(&self, plan: &StepPlan) -> Option<Vec<DeviceSampleRow<'_>>> {
+        if !self.on_device || self.processors.is_some() || self.sampler.is_some() {
+            return None;
+        }
+        let mut rows = Vec::with_capacity(plan.rows.len());
+        for (logits_row, &(h, samples)) in plan.rows.iter().enumerate() {
+            if !samples {
+                continue;
+            }
+            let req = self.requests.get(h.index()).and_then(Option::as_ref)?;
+            rows.push(DeviceSampleRow {
+                params: &req.params,
+                seed: req.device_seed?,
+                position: req.token_ids.len() as u32,
+                logits_row,
+            });
+        }
+        Some(rows)
+    }
+
+    /// Records the tokens the device sampled for `plan`'s rows (in
+    /// [`Self::device_rows`]' order), advancing each request as
+    /// [`Self::sample`] does.
+    pub fn record_sampled(&mut self, plan: &StepPlan, tokens: &[u32]) -> Result<ModelRunnerOutput, BatchError> {
+        let mut out = ModelRunnerOutput {
+            sampled: Vec::with_capacity(tokens.len()),
+            logprobs: Vec::with_capacity(tokens.len()),
+            failed: Vec::new(),
+        };
+        let mut tokens = tokens.iter();
+        for h in plan.sampling_handles() {
+            let &token = tokens
+                .next()
+                .ok_or_else(|| BatchError(format!("the device sampled no token for request {h:?}")))?;
+            let req = self.get_mut(h)?;
+            req.sampler.accept(token);
+            // Device rows have no logprobs (not device-eligible otherwise).
+            record(&mut out, h, req, SampledToken { token, logprob: 0.0, top_logprobs: Vec::new() });
+        }
+        Ok(out)
     }
 
     /// Requests in the batch.
@@ -154,6 +222,11 @@ impl InputBatch {
                 block_ids: new.block_ids.clone(),
                 params: new.sampling_params.clone(),
                 sampler,
+                device_seed: self.on_device.then(|| {
+                    new.sampling_params
+                        .seed
+                        .unwrap_or_else(|| Xoshiro256StarStar::from_entropy().next_u64())
+                }),
                 failed: false,
             });
         }
@@ -222,6 +295,14 @@ impl InputBatch {
             }
             let req = self.get_mut(h)?;
             let logits_row = &mut logits.data[row * vocab..(row + 1) * vocab];
+            // A GPU worker sampling this step on the host (a neighbour is
+            // not device-eligible) draws the eligible rows as the device
+            // would, so a seeded request's tokens do not depend on its batch.
+            #[cfg(feature = "cuda")]
+            if let Some(sampled) = device_draw::draw_like_device(req, logits_row) {
+                record(&mut out, h, req, sampled);
+                continue;
+            }
             let sampled = req.sampler.sample(logits_row, &req.params);
             record(&mut out, h, req, sampled);
         }
