@@ -9,7 +9,6 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::CudaSlice;
 
 use super::device::{Gpu, GpuError};
 use super::memory::{available_kv_cache_memory, KvBudget, MemoryProfile, MemorySnapshot};
@@ -85,25 +84,7 @@ pub struct GpuRunner {
     num_blocks: usize,
     /// The device sampler; `None` while the weights sleep (it goes with
     /// everything else on the device).
-    sampling: Option<DeviceSampling>,
-}
-
-/// What sampling on the device keeps between steps.
-struct DeviceSampling {
-    sampler: DeviceSampler,
-    /// The step's logits rows, copied on the device from the runner's
-    /// buffer (which the runner lends read-only) because the sampler edits
-    /// its rows in place (temperature scaling): `max_num_seqs` rows.
-    logits: CudaSlice<f32>,
-}
-
-impl DeviceSampling {
-    fn new(gpu: &Gpu, max_num_seqs: usize, vocab: usize) -> Result<DeviceSampling, GpuError> {
-        Ok(DeviceSampling {
-            sampler: DeviceSampler::new(gpu, max_num_seqs)?,
-            logits: gpu.stream.alloc_zeros(max_num_seqs * vocab)?,
-        })
-    }
+    sampling: Option<DeviceSampler>,
 }
 
 /// The sampler's rows for a step whose sampled rows are `rows`: every
@@ -195,9 +176,8 @@ impl GpuRunner {
     }
 
     /// The device sampler's buffers, for up to `max_num_seqs` rows.
-    fn device_sampling(&self) -> Result<DeviceSampling, RunnerError> {
-        DeviceSampling::new(&self.gpu, self.max_num_seqs, self.config.vocab_size)
-            .map_err(|e| self.error(e))
+    fn device_sampling(&self) -> Result<DeviceSampler, RunnerError> {
+        DeviceSampler::new(&self.gpu, self.max_num_seqs).map_err(|e| self.error(e))
     }
 
     fn error(&self, e: GpuError) -> RunnerError {
@@ -379,7 +359,7 @@ impl DeviceRunner for GpuRunner {
     ) -> Option<Result<Vec<u32>, RunnerError>> {
         let vocab = self.config.vocab_size;
         let sampling = self.sampling.as_mut()?;
-        let rows_of_step = sampler_rows(rows, vocab, sampling.sampler.max_rows())?;
+        let rows_of_step = sampler_rows(rows, vocab, sampling.max_rows())?;
         let (gpu, name) = (&self.gpu, &self.name);
         let Some(runner) = self.runner.as_mut() else {
             return Some(Err(RunnerError::Device {
@@ -387,15 +367,11 @@ impl DeviceRunner for GpuRunner {
                 message: "the weights are offloaded (asleep); wake them up first".into(),
             }));
         };
-        let n = rows_of_step.len() * vocab;
         let run = (|| {
+            // The sampler scales its rows in place: the runner's logits
+            // buffer is rewritten by the next step anyway.
             let logits = runner.forward(gpu, input)?;
-            gpu.stream
-                .memcpy_dtod(&logits.slice(..n), &mut sampling.logits.slice_mut(..n))?;
-            let ids =
-                sampling
-                    .sampler
-                    .sample(gpu, &mut sampling.logits, vocab, &rows_of_step, &[])?;
+            let ids = sampling.sample(gpu, logits, vocab, &rows_of_step, &[])?;
             Ok(rows.iter().map(|r| ids[r.logits_row]).collect())
         })();
         Some(run.map_err(|e| device_error(name, e)))

@@ -247,7 +247,7 @@ impl GpuModelRunner {
 
     /// The forward pass; the logits stay on the device (for device
     /// sampling): rows `0..input.seqs.len()` of the returned buffer.
-    pub fn forward(&mut self, gpu: &Gpu, input: &ModelInput) -> Result<&CudaSlice<f32>, GpuError> {
+    pub fn forward(&mut self, gpu: &Gpu, input: &ModelInput) -> Result<&mut CudaSlice<f32>, GpuError> {
         let kv = self.kv.as_mut().ok_or_else(|| {
             GpuError::Unsupported(
                 "the KV cache is not allocated; call initialize_kv_cache first".into(),
@@ -281,7 +281,7 @@ impl GpuModelRunner {
                 s.memcpy_htod(&packed, &mut g.inputs)?;
                 let at = g.sizes.partition_point(|&x| x < p);
                 g.graphs[at].launch()?;
-                return Ok(&self.model.act.logits);
+                return Ok(&mut self.model.act.logits);
             }
         }
         let meta = AttentionMetadata::build(input, self.block_size, 0);
@@ -294,6 +294,6 @@ impl GpuModelRunner {
             max_seq_len: input.seqs.iter().map(|q| q.context_len).max().unwrap_or(0),
         };
         self.model.run(gpu, kv, &step, meta.layout(), &shape)?;
-        Ok(&self.model.act.logits)
+        Ok(&mut self.model.act.logits)
     }
 }
