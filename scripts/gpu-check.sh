@@ -22,8 +22,8 @@
 #
 # CUDA versions: cudarc's bindings are built for one (CUDARC_CUDA_VERSION),
 # and look for that major version's sonames (libcublas.so.12 or .so.13).
-# `build` makes the checks twice, bin/cuda12 (12.8 bindings, the default
-# build) and bin/cuda13 (13.0 bindings, built in target/cuda13), and exports
+# `build` makes the checks twice, cuda12.tar.xz (12.8 bindings, the default
+# build) and cuda13.tar.xz (13.0 bindings, built in target/cuda13), and exports
 # every kernel's sm_90 PTX to ptx/ with this machine's NVRTC. `run` picks the
 # variant matching the device's libraries, says which and why, and if the
 # first check fails to load a library, tries the other variant once. A
@@ -59,10 +59,11 @@ for p in json.load(sys.stdin)["packages"]:
                 print(t["name"])'
 }
 
-# Builds the device checks against CUDA $1's bindings (12 or 13) into
-# $out_dir/bin/cuda$1, stripped.
+# Builds the device checks against CUDA $1's bindings (12 or 13), stripped,
+# into $out_dir/cuda$1.tar.xz: both variants unpacked are over the 64 MiB a
+# device call carries (gpu_worker links the whole engine), packed ~18 MB.
 build_variant() {
-    local version=12080 target=target dest="$out_dir/bin/cuda$1" args=(-p e2e --features cuda)
+    local version=12080 target=target dest="target/gpu-check-bin/cuda$1" args=(-p e2e --features cuda)
     [[ $1 == 13 ]] && version=13000 target=target/cuda13
     for t in $(device_tests); do args+=(--test "$t"); done
     export CUDARC_CUDA_VERSION=$version CARGO_TARGET_DIR=$target
@@ -79,10 +80,13 @@ for line in sys.stdin:
         shutil.copy(exe, sys.argv[1] + "/" + m["target"]["name"])
 ' "$dest"
     strip --strip-debug "$dest"/gpu_*
+    ls -la "$dest"
+    XZ_OPT=-T2 tar -C "$(dirname "$dest")" -cJf "$out_dir/cuda$1.tar.xz" "cuda$1"
     unset CUDARC_CUDA_VERSION CARGO_TARGET_DIR
 }
 
 build() {
+    rm -rf "$out_dir" && mkdir -p "$out_dir"
     build_variant 12
     build_variant 13
     # Every kernel's sm_90 PTX from the wheel's NVRTC (what CI compiles).
@@ -90,9 +94,9 @@ build() {
     nvrtc="$(python3 -c 'import nvidia.cuda_nvrtc as m; print(list(m.__path__)[0] + "/lib")')" ||
         { echo "gpu-check: no NVRTC; python3 -m pip install 'nvidia-cuda-nvrtc-cu12>=12.4,<13'" >&2; exit 2; }
     rm -rf "$out_dir/ptx"
-    LD_LIBRARY_PATH="$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" HOST_PTX_DIR="$PWD/$out_dir/ptx" \
-        cargo test -p host --features cuda --lib -- --ignored --exact cuda::nvrtc::tests::export_ptx_to_host_ptx_dir
-    ls -la "$out_dir"/bin/* "$out_dir/ptx"
+    LD_LIBRARY_PATH="$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+        cargo run -p host --features cuda --example export_ptx -- "$out_dir/ptx"
+    ls -la "$out_dir" "$out_dir/ptx"
     du -sh "$out_dir"
 }
 
@@ -153,9 +157,17 @@ failed_on_a_library() {
 }
 
 run() {
-    [[ -d $out_dir/bin/cuda12 && -d $out_dir/bin/cuda13 ]] ||
-        { echo "gpu-check: no binaries in $out_dir/bin; run 'scripts/gpu-check.sh build' first" >&2; exit 2; }
+    [[ -f $out_dir/cuda12.tar.xz && -f $out_dir/cuda13.tar.xz ]] ||
+        { echo "gpu-check: no cuda12/13.tar.xz in $out_dir; run 'scripts/gpu-check.sh build' first" >&2; exit 2; }
     mkdir -p "$(dirname "$log")"
+    # Both variants unpacked into bin/ (Python's tarfile: no xz binary needed).
+    rm -rf "$out_dir/bin" && mkdir -p "$out_dir/bin"
+    python3 -c '
+import sys, tarfile
+for archive in sys.argv[2:]:
+    with tarfile.open(archive) as t:
+        t.extractall(sys.argv[1], **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+' "$out_dir/bin" "$out_dir"/cuda1[23].tar.xz
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv |& tee "$log"
     # CUDA libraries: the toolkit's, then any pip wheels' (nvidia/*/lib, which
     # is nvidia/cu13/lib for CUDA 13's wheels).

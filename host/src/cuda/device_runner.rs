@@ -9,7 +9,6 @@
 
 use std::sync::Arc;
 
-
 use super::device::{Gpu, GpuError};
 use super::memory::{available_kv_cache_memory, KvBudget, MemoryProfile, MemorySnapshot};
 use super::nvrtc;

@@ -318,17 +318,6 @@ mod tests {
         );
     }
 
-    /// Not a check: `scripts/gpu-check.sh build` runs it to export every
-    /// module's sm_90 PTX into `$HOST_PTX_DIR` for the device check.
-    #[test]
-    #[ignore = "run by scripts/gpu-check.sh build, with HOST_PTX_DIR set"]
-    fn export_ptx_to_host_ptx_dir() {
-        let dir = std::env::var_os(PTX_DIR_ENV).expect("set HOST_PTX_DIR to the folder to fill");
-        for file in export_ptx(Path::new(&dir), DEFAULT_ARCH).unwrap_or_else(|e| panic!("{e}")) {
-            eprintln!("{}", file.display());
-        }
-    }
-
     #[test]
     fn a_cached_module_is_read_back_not_recompiled() {
         let dir = tempfile::tempdir().unwrap();
