@@ -41,8 +41,10 @@ pub enum GpuError {
 /// How many CUDA devices this machine has; 0 when the driver library is
 /// absent (a CPU-only machine), so callers can choose the CPU worker.
 pub fn device_count() -> usize {
-    // SAFETY: probing only tries to dlopen libcuda.
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+    // Through `libs::check`, which catches cudarc's panic on a driver that
+    // lacks a symbol of the bindings: such a driver counts as no GPU here,
+    // and `Gpu::new` says why.
+    if super::libs::check(super::libs::CudaLib::Driver).is_err() {
         return 0;
     }
     CudaContext::device_count().map_or(0, |n| n.max(0) as usize)
