@@ -66,20 +66,36 @@ fn the_gpu_engine_agrees_with_the_cpu_engine_and_graphs_change_no_token() {
     eager_config.model.enforce_eager = true;
     let eager = greedy(&mut Llm::new(&eager_config).unwrap());
     for (i, p) in PROMPTS.iter().enumerate() {
-        println!("{p:?}\n  cpu   {:?}\n  gpu   {:?}\n  eager {:?}", cpu[i], gpu[i], eager[i]);
+        println!(
+            "{p:?}\n  cpu   {:?}\n  gpu   {:?}\n  eager {:?}",
+            cpu[i], gpu[i], eager[i]
+        );
     }
     // Decode steps replay graphs, prefill runs eagerly. A graph splits
     // attention by max_model_len where an eager step splits by the actual
     // length, so sums may round differently: a near-tie may tip, nothing
     // more.
-    assert!(gpu.iter().zip(&eager).all(|(g, e)| g[0] == e[0]), "CUDA graphs changed a first token");
+    assert!(
+        gpu.iter().zip(&eager).all(|(g, e)| g[0] == e[0]),
+        "CUDA graphs changed a first token"
+    );
     let same = gpu.iter().zip(&eager).filter(|(g, e)| g == e).count();
-    assert!(same >= 4, "CUDA graphs changed the tokens of {} of 5 prompts", 5 - same);
+    assert!(
+        same >= 4,
+        "CUDA graphs changed the tokens of {} of 5 prompts",
+        5 - same
+    );
     // bf16 on the GPU against 8-bit activations on the CPU: the first token
     // must agree everywhere, a later near-tie may tip one way or the other.
-    assert!(cpu.iter().zip(&gpu).all(|(c, g)| c[0] == g[0]), "first tokens differ");
+    assert!(
+        cpu.iter().zip(&gpu).all(|(c, g)| c[0] == g[0]),
+        "first tokens differ"
+    );
     let same = cpu.iter().zip(&gpu).filter(|(c, g)| c == g).count();
-    assert!(same >= 3, "only {same} of 5 prompts give the CPU's {TOKENS} tokens");
+    assert!(
+        same >= 3,
+        "only {same} of 5 prompts give the CPU's {TOKENS} tokens"
+    );
 }
 
 #[test]
@@ -93,7 +109,11 @@ fn sleep_frees_device_memory_and_wakes_to_the_same_outputs() {
         let asleep = free_bytes(&ctx);
         println!("level {level}: free {awake} -> {asleep} bytes");
         // At least the 2 GiB KV cache comes back (and the weights).
-        assert!(asleep >= awake + (3 << 29), "level {level} freed only {} bytes", asleep.saturating_sub(awake));
+        assert!(
+            asleep >= awake + (3 << 29),
+            "level {level} freed only {} bytes",
+            asleep.saturating_sub(awake)
+        );
         llm.wake_up(None).unwrap();
         assert_eq!(greedy(&mut llm), want, "after sleep level {level}");
     }
@@ -109,7 +129,10 @@ fn update_weights_reaches_the_device() {
     let name = weights.final_norm.name.clone();
     llm.update_weights(&[(&name, &negated)]).unwrap();
     let flipped = greedy(&mut llm);
-    assert!(flipped.iter().zip(&want).all(|(f, w)| f[0] != w[0]), "negating {name} left a first token unchanged");
+    assert!(
+        flipped.iter().zip(&want).all(|(f, w)| f[0] != w[0]),
+        "negating {name} left a first token unchanged"
+    );
     llm.update_weights(&[(&name, &norm)]).unwrap();
     assert_eq!(greedy(&mut llm), want, "restoring {name}");
 }
@@ -134,7 +157,11 @@ fn device_sampling_is_seeded_batch_independent_and_greedy_as_the_host() {
     let prompts: Vec<&str> = PROMPTS
         .iter()
         .copied()
-        .chain(["Rust is a programming language that", "My favourite fruit is", "In 1969, astronauts"])
+        .chain([
+            "Rust is a programming language that",
+            "My favourite fruit is",
+            "In 1969, astronauts",
+        ])
         .collect();
     let sampled = |seed: u64| SamplingParams {
         temperature: 1.0,
@@ -145,26 +172,48 @@ fn device_sampling_is_seeded_batch_independent_and_greedy_as_the_host() {
         ignore_eos: true,
         ..SamplingParams::default()
     };
-    let params: Vec<SamplingParams> = (0..prompts.len() as u64).map(|i| sampled(1000 + i)).collect();
+    let params: Vec<SamplingParams> = (0..prompts.len() as u64)
+        .map(|i| sampled(1000 + i))
+        .collect();
     let mut llm = Llm::new(&config("gpu")).unwrap();
     let batch = generate(&mut llm, &prompts, &params);
     let alone = generate(&mut llm, &prompts[..1], &params[..1]);
     let again = generate(&mut Llm::new(&config("gpu")).unwrap(), &prompts, &params);
     println!("batch {:?}\nalone {:?}", batch[0], alone[0]);
-    assert_eq!(again, batch, "a second engine drew other tokens with the same seeds");
+    assert_eq!(
+        again, batch,
+        "a second engine drew other tokens with the same seeds"
+    );
     // The draw is keyed by (seed, position) only; the logits themselves
     // must also not depend on the batch (they do if cuBLAS picks another
     // algorithm per batch size and a draw sits on a near-tie).
-    assert_eq!(alone[0], batch[0], "the seeded request's tokens depend on its batch");
+    assert_eq!(
+        alone[0], batch[0],
+        "the seeded request's tokens depend on its batch"
+    );
     // Another seed, other draws: the rows really were sampled.
     let reseeded = generate(&mut llm, &prompts[..1], &[sampled(7)]);
-    assert_ne!(reseeded[0], batch[0], "seed 7 drew seed 1000's {TOKENS} tokens");
+    assert_ne!(
+        reseeded[0], batch[0],
+        "seed 7 drew seed 1000's {TOKENS} tokens"
+    );
 
     // Greedy on the device against greedy on the host (logprobs keep a
     // row, and so the step, on the host).
-    let greedy = SamplingParams { temperature: 0.0, max_tokens: TOKENS, ignore_eos: true, ..SamplingParams::default() };
-    let host = SamplingParams { logprobs: Some(0), ..greedy.clone() };
+    let greedy = SamplingParams {
+        temperature: 0.0,
+        max_tokens: TOKENS,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    };
+    let host = SamplingParams {
+        logprobs: Some(0),
+        ..greedy.clone()
+    };
     let on_device = generate(&mut llm, &prompts, &vec![greedy; prompts.len()]);
     let on_host = generate(&mut llm, &prompts, &vec![host; prompts.len()]);
-    assert_eq!(on_device, on_host, "device greedy differs from the host's argmax");
+    assert_eq!(
+        on_device, on_host,
+        "device greedy differs from the host's argmax"
+    );
 }

@@ -50,7 +50,9 @@ fn run(llm: &mut Llm) -> (Vec<Vec<u32>>, Vec<u32>) {
     let mut tokens = Vec::new();
     let mut cached = Vec::new();
     for prompt in [LONG, CONTINUED] {
-        let done = llm.generate(&[greedy(prompt)], |_, _| {}, |_, _| {}).unwrap();
+        let done = llm
+            .generate(&[greedy(prompt)], |_, _| {}, |_, _| {})
+            .unwrap();
         let c = done.into_iter().next().unwrap().unwrap();
         tokens.push(c.token_ids);
         cached.push(c.num_cached_tokens);
@@ -63,11 +65,17 @@ fn sleeping_and_waking_keep_the_outputs_and_forget_the_cached_prefixes() {
     for backend in ["uni", "mp"] {
         let mut llm = Llm::new(&engine_config(backend)).unwrap();
         let (want, cached) = run(&mut llm);
-        assert!(cached[1] > 0, "the shared prefix hits the cache before sleeping ({backend})");
+        assert!(
+            cached[1] > 0,
+            "the shared prefix hits the cache before sleeping ({backend})"
+        );
         // Level 1, woken in two steps: weights, then the KV cache.
         llm.sleep(1).unwrap();
         assert!(llm.is_sleeping());
-        let e = llm.generate(&[greedy(PROMPT)], |_, _| {}, |_, _| {}).unwrap_err().to_string();
+        let e = llm
+            .generate(&[greedy(PROMPT)], |_, _| {}, |_, _| {})
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("wake_up"), "{e}");
         llm.wake_up(Some(&["weights".to_string()])).unwrap();
         assert!(llm.is_sleeping(), "the KV cache still sleeps ({backend})");
@@ -75,8 +83,14 @@ fn sleeping_and_waking_keep_the_outputs_and_forget_the_cached_prefixes() {
         assert!(!llm.is_sleeping());
         let (got, cached) = run(&mut llm);
         assert_eq!(got, want, "after level 1 ({backend})");
-        assert_eq!(cached[0], 0, "the KV cache woke empty: no prefix may hit ({backend})");
-        assert!(cached[1] > 0, "the prefix cache works again after waking ({backend})");
+        assert_eq!(
+            cached[0], 0,
+            "the KV cache woke empty: no prefix may hit ({backend})"
+        );
+        assert!(
+            cached[1] > 0,
+            "the prefix cache works again after waking ({backend})"
+        );
         // Level 2, woken at once.
         llm.sleep(2).unwrap();
         llm.wake_up(None).unwrap();
@@ -97,7 +111,9 @@ fn original_logits(config: &EngineConfig) -> (Vec<f32>, u32) {
         .execute_model_input(&ModelInput::single(&ids, 0, blocks))
         .unwrap();
     let row = logits.row(0).to_vec();
-    let argmin = (0..row.len()).min_by(|&a, &b| row[a].total_cmp(&row[b])).unwrap() as u32;
+    let argmin = (0..row.len())
+        .min_by(|&a, &b| row[a].total_cmp(&row[b]))
+        .unwrap() as u32;
     (row, argmin)
 }
 
@@ -122,18 +138,39 @@ fn update_weights_in_the_rlhf_order_changes_exactly_what_it_should() {
         // h·(−w) = −(h·w): every logit changes sign, so greedy picks the
         // original argmin.
         let (got, _) = run(&mut llm);
-        assert_eq!(got[0][0], argmin, "first token after negating {name} ({backend})");
+        assert_eq!(
+            got[0][0], argmin,
+            "first token after negating {name} ({backend})"
+        );
         llm.update_weights(&[(&name, &norm)]).unwrap();
         let (got, _) = run(&mut llm);
-        assert_eq!(got, want, "restoring {name} restores the output ({backend})");
+        assert_eq!(
+            got, want,
+            "restoring {name} restores the output ({backend})"
+        );
         // Awake, through collective_rpc as the HTTP endpoint sends it: the
         // prefixes cached with the old weights are forgotten all the same.
-        llm.collective_rpc("update_weights", Some(serde_json::json!({ &name: negated }))).unwrap();
+        llm.collective_rpc(
+            "update_weights",
+            Some(serde_json::json!({ &name: negated })),
+        )
+        .unwrap();
         let (got, cached) = run(&mut llm);
-        assert_eq!(got[0][0], argmin, "negated through collective_rpc ({backend})");
-        assert_eq!(cached[0], 0, "a prefix cached with the old weights was reused ({backend})");
-        llm.collective_rpc("update_weights", Some(serde_json::json!({ &name: norm }))).unwrap();
-        assert_eq!(run(&mut llm).0, want, "restored through collective_rpc ({backend})");
+        assert_eq!(
+            got[0][0], argmin,
+            "negated through collective_rpc ({backend})"
+        );
+        assert_eq!(
+            cached[0], 0,
+            "a prefix cached with the old weights was reused ({backend})"
+        );
+        llm.collective_rpc("update_weights", Some(serde_json::json!({ &name: norm })))
+            .unwrap();
+        assert_eq!(
+            run(&mut llm).0,
+            want,
+            "restored through collective_rpc ({backend})"
+        );
     }
 }
 
@@ -144,17 +181,32 @@ fn bad_calls_are_refused_naming_what_is_wrong_and_change_nothing() {
     let e = llm.sleep(3).unwrap_err();
     assert!(e.contains("level 3") && e.contains("use 1"), "{e}");
     assert!(!llm.is_sleeping(), "a refused sleep sleeps nothing");
-    let e = llm.update_weights(&[("no.such.weight", &[1.0])]).unwrap_err();
-    assert!(e.contains("no weight named \"no.such.weight\"") && e.contains("output_norm.weight"), "{e}");
-    let e = llm.update_weights(&[("output_norm.weight", &[1.0, 2.0])]).unwrap_err();
-    assert!(e.contains("576 values") && e.contains("2 were given"), "{e}");
+    let e = llm
+        .update_weights(&[("no.such.weight", &[1.0])])
+        .unwrap_err();
+    assert!(
+        e.contains("no weight named \"no.such.weight\"") && e.contains("output_norm.weight"),
+        "{e}"
+    );
+    let e = llm
+        .update_weights(&[("output_norm.weight", &[1.0, 2.0])])
+        .unwrap_err();
+    assert!(
+        e.contains("576 values") && e.contains("2 were given"),
+        "{e}"
+    );
     // One good update and one bad one: the good one must not land either.
     let zeros = vec![0.0f32; 576];
     let e = llm
-        .update_weights(&[("output_norm.weight", &zeros), ("blk.0.attn_norm.weight", &[1.0; 3])])
+        .update_weights(&[
+            ("output_norm.weight", &zeros),
+            ("blk.0.attn_norm.weight", &[1.0; 3]),
+        ])
         .unwrap_err();
     assert!(e.contains("blk.0.attn_norm.weight has 576 values"), "{e}");
-    let e = llm.update_weights(&[("output_norm.weight", &[f32::NAN; 576])]).unwrap_err();
+    let e = llm
+        .update_weights(&[("output_norm.weight", &[f32::NAN; 576])])
+        .unwrap_err();
     assert!(e.contains("finite"), "{e}");
     llm.sleep(1).unwrap();
     let e = llm.wake_up(Some(&["kv".to_string()])).unwrap_err();

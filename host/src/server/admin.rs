@@ -41,7 +41,10 @@ struct RpcRequest {
 
 /// Calls a method on every worker (vLLM's `collective_rpc` endpoint) and
 /// answers `{"results": ...}`.
-pub async fn collective_rpc(State(app): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+pub async fn collective_rpc(
+    State(app): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let run = async {
         let body = super::request_object(body)?;
         let req: RpcRequest = params::typed(&body)?;
@@ -68,10 +71,18 @@ pub async fn sleep(State(app): State<Arc<AppState>>, RawQuery(query): RawQuery) 
     let run = async {
         let level = match query_values(query.as_deref(), "level").as_slice() {
             [] => 1,
-            [one] => one
-                .parse::<u64>()
-                .map_err(|_| ApiError::bad_request(Some("level".to_string()), format!("level must be 1 or 2, got `{one}`")))?,
-            _ => return Err(ApiError::bad_request(Some("level".to_string()), "give level once, e.g. /sleep?level=1")),
+            [one] => one.parse::<u64>().map_err(|_| {
+                ApiError::bad_request(
+                    Some("level".to_string()),
+                    format!("level must be 1 or 2, got `{one}`"),
+                )
+            })?,
+            _ => {
+                return Err(ApiError::bad_request(
+                    Some("level".to_string()),
+                    "give level once, e.g. /sleep?level=1",
+                ))
+            }
         };
         utility(&app, "sleep", json!(level)).await?;
         Ok::<_, ApiError>(Json(json!({ "is_sleeping": true })).into_response())
@@ -83,7 +94,11 @@ pub async fn sleep(State(app): State<Arc<AppState>>, RawQuery(query): RawQuery) 
 pub async fn wake_up(State(app): State<Arc<AppState>>, RawQuery(query): RawQuery) -> Response {
     let run = async {
         let tags = query_values(query.as_deref(), "tags");
-        let args = if tags.is_empty() { Value::Null } else { json!(tags) };
+        let args = if tags.is_empty() {
+            Value::Null
+        } else {
+            json!(tags)
+        };
         utility(&app, "wake_up", args).await?;
         let sleeping = utility(&app, "is_sleeping", Value::Null).await?;
         Ok::<_, ApiError>(Json(json!({ "is_sleeping": sleeping })).into_response())

@@ -233,8 +233,9 @@ pub(super) fn methods() -> Vec<(&'static str, Handler)> {
                 let level = match a {
                     RpcValue::Unit => 1,
                     RpcValue::Count(n) => n,
-                    RpcValue::Json(text) => serde_json::from_str::<u64>(&text)
-                        .map_err(|_| anyhow::anyhow!("sleep expects a level, 1 or 2; got {text}"))?,
+                    RpcValue::Json(text) => serde_json::from_str::<u64>(&text).map_err(|_| {
+                        anyhow::anyhow!("sleep expects a level, 1 or 2; got {text}")
+                    })?,
                     other => anyhow::bail!("sleep expects a level, 1 or 2; got {}", other.kind()),
                 };
                 w.sleep(SleepLevel::from_number(level)?)?;
@@ -247,7 +248,11 @@ pub(super) fn methods() -> Vec<(&'static str, Handler)> {
                 let tags: Vec<String> = match a {
                     RpcValue::Unit => Vec::new(),
                     RpcValue::Json(text) => serde_json::from_str::<Option<Vec<String>>>(&text)
-                        .map_err(|_| anyhow::anyhow!("wake_up expects a list of tags, e.g. [\"weights\"]; got {text}"))?
+                        .map_err(|_| {
+                            anyhow::anyhow!(
+                                "wake_up expects a list of tags, e.g. [\"weights\"]; got {text}"
+                            )
+                        })?
                         .unwrap_or_default(),
                     other => anyhow::bail!("wake_up expects a list of tags, got {}", other.kind()),
                 };
@@ -266,15 +271,20 @@ pub(super) fn methods() -> Vec<(&'static str, Handler)> {
             "update_weights",
             Box::new(|w, a| {
                 let RpcValue::Json(text) = a else {
-                    anyhow::bail!("update_weights expects a JSON object of name -> values, got {}", a.kind());
+                    anyhow::bail!(
+                        "update_weights expects a JSON object of name -> values, got {}",
+                        a.kind()
+                    );
                 };
-                let updates: std::collections::BTreeMap<String, Vec<f32>> = serde_json::from_str(&text)
-                    .map_err(|e| {
-                        anyhow::anyhow!(
-                            "update_weights expects a JSON object of name -> list of finite numbers \
+                let updates: std::collections::BTreeMap<String, Vec<f32>> = serde_json::from_str(
+                    &text,
+                )
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "update_weights expects a JSON object of name -> list of finite numbers \
                              (JSON has no NaN or infinity): {e}"
-                        )
-                    })?;
+                    )
+                })?;
                 let updates: Vec<(String, Vec<f32>)> = updates.into_iter().collect();
                 w.update_weights(&updates)?;
                 Ok(RpcValue::Unit)

@@ -61,16 +61,20 @@ impl EngineCore {
             "sleep" => {
                 let level = match args.get("level").unwrap_or(&args) {
                     Value::Null => 1,
-                    v => v.as_u64().ok_or_else(|| format!("sleep expects a level, 1 or 2; got {v}"))?,
+                    v => v
+                        .as_u64()
+                        .ok_or_else(|| format!("sleep expects a level, 1 or 2; got {v}"))?,
                 };
                 self.sleep(level).map(|()| Value::Null)
             }
             "wake_up" => {
                 let tags = match args.get("tags").unwrap_or(&args) {
                     Value::Null => None,
-                    v => Some(serde_json::from_value::<Vec<String>>(v.clone()).map_err(|_| {
-                        format!("wake_up expects a list of tags, e.g. [\"weights\"]; got {v}")
-                    })?),
+                    v => Some(
+                        serde_json::from_value::<Vec<String>>(v.clone()).map_err(|_| {
+                            format!("wake_up expects a list of tags, e.g. [\"weights\"]; got {v}")
+                        })?,
+                    ),
                 };
                 self.wake_up(tags.as_deref()).map(|()| Value::Null)
             }
@@ -85,7 +89,10 @@ impl EngineCore {
                 self.reset_prefix_cache();
                 Ok(Value::Null)
             }
-            other => Err(format!("unknown utility method `{other}`; known: {}", UTILITY_METHODS.join(", "))),
+            other => Err(format!(
+                "unknown utility method `{other}`; known: {}",
+                UTILITY_METHODS.join(", ")
+            )),
         }
     }
 
@@ -138,7 +145,10 @@ impl EngineCore {
     /// Calls `method` on every worker; the replies as JSON, in rank order.
     fn call_workers(&mut self, method: &str, args: RpcValue) -> Result<Vec<Value>, String> {
         let timeout = self.executor.execute_model_timeout();
-        let replies = self.executor.call(method, args, None, timeout).map_err(|e| e.to_string())?;
+        let replies = self
+            .executor
+            .call(method, args, None, timeout)
+            .map_err(|e| e.to_string())?;
         replies.into_iter().map(rpc_reply_to_json).collect()
     }
 }
@@ -148,7 +158,11 @@ fn rpc_reply_to_json(reply: RpcValue) -> Result<Value, String> {
     match reply {
         RpcValue::Unit => Ok(Value::Null),
         RpcValue::Count(n) => Ok(n.into()),
-        RpcValue::Json(text) => serde_json::from_str(&text).map_err(|e| format!("a worker replied with invalid JSON: {e}")),
-        other => Err(format!("a worker replied with a {} value, which has no JSON form", other.kind())),
+        RpcValue::Json(text) => serde_json::from_str(&text)
+            .map_err(|e| format!("a worker replied with invalid JSON: {e}")),
+        other => Err(format!(
+            "a worker replied with a {} value, which has no JSON form",
+            other.kind()
+        )),
     }
 }
