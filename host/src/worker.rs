@@ -13,10 +13,7 @@
 //! [`Worker::update_weights`] (`sleep.rs`). Calling a method before its
 //! prerequisites is an error that names the missing step.
 
-use std::path::PathBuf;
 use std::sync::Arc;
-
-use thiserror::Error;
 
 mod host_api;
 mod input_batch;
@@ -25,131 +22,24 @@ pub mod proc;
 mod registry;
 mod rpc;
 mod sleep;
+mod config;
 
 pub use host_api::LentModel;
 pub use output::{Logprobs, ModelRunnerOutput};
 pub use registry::{DuplicateMethod, Handler, WorkerMethods};
 pub use rpc::{RpcReply, RpcRequest, RpcValue};
+pub use config::{WorkerConfig, WorkerDevice, WorkerError};
 pub use sleep::{SleepLevel, WakeTags};
 
 use crate::distributed::AllReduceGroup;
 use crate::kernels::{MatmulPath, ThreadPool};
-use crate::model::{self, LlamaConfig, LoadFormat, ModelError, ModelWeights};
+use crate::model::{self, LlamaConfig, ModelWeights};
 use crate::model_runner::{
-    CpuModelRunner, DeviceRunner, KvCacheBudget, Logits, ModelInput, RunnerConfig, RunnerError,
+    CpuModelRunner, DeviceRunner, KvCacheBudget, Logits, ModelInput, RunnerConfig,
 };
 use crate::scheduler::SchedulerOutput;
-use input_batch::{BatchError, InputBatch, StepPlan};
+use input_batch::{InputBatch, StepPlan};
 use sleep::Asleep;
-
-/// Which device a worker computes on (`worker.cls`, resolved).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WorkerDevice {
-    /// The CPU, with `num_threads` threads.
-    Cpu,
-    /// CUDA device 0 (`--features cuda`).
-    Gpu,
-}
-
-/// Everything a worker needs to know before it starts.
-#[derive(Clone, Debug, PartialEq)]
-pub struct WorkerConfig {
-    /// The model: a GGUF file, a safetensors directory, or a config for
-    /// dummy weights.
-    pub model: PathBuf,
-    /// How to read it (`Auto` picks by path).
-    pub load_format: LoadFormat,
-    /// The device.
-    pub device: WorkerDevice,
-    /// Threads for the forward pass (the caller's thread included).
-    pub num_threads: usize,
-    /// Memory for the KV cache, in bytes (vLLM's `kv_cache_memory_bytes`);
-    /// unset: the CPU default, or `gpu_memory_utilization` on a GPU.
-    pub kv_cache_memory_bytes: Option<usize>,
-    /// The fraction of the GPU the engine may use (GPU only).
-    pub gpu_memory_utilization: f64,
-    /// Token slots per KV-cache block.
-    pub block_size: usize,
-    /// Most tokens in one step.
-    pub max_num_batched_tokens: usize,
-    /// Most sequences in one step (the largest CUDA graph).
-    pub max_num_seqs: usize,
-    /// No CUDA graphs (GPU only).
-    pub enforce_eager: bool,
-    /// Longest context; `None` means the model's own.
-    pub max_model_len: Option<usize>,
-    /// The end-of-sequence token, masked while a request is below its
-    /// `min_tokens` (from the tokenizer).
-    pub eos_token_id: Option<u32>,
-}
-
-#[cfg(test)]
-impl WorkerConfig {
-    /// A small configuration whose model does not exist: enough for the
-    /// unit tests of everything up to `load_model`.
-    pub(crate) fn for_unit_tests() -> WorkerConfig {
-        WorkerConfig {
-            model: PathBuf::from("/nonexistent/model.gguf"),
-            load_format: LoadFormat::Auto,
-            device: WorkerDevice::Cpu,
-            num_threads: 1,
-            kv_cache_memory_bytes: Some(1 << 20),
-            gpu_memory_utilization: 0.9,
-            block_size: 16,
-            max_num_batched_tokens: 64,
-            max_num_seqs: 8,
-            enforce_eager: false,
-            max_model_len: None,
-            eos_token_id: None,
-        }
-    }
-}
-
-/// Why a worker call failed.
-#[derive(Debug, Error)]
-pub enum WorkerError {
-    /// A method ran before the lifecycle step it depends on.
-    #[error("worker: {called} needs {missing} to have run first")]
-    OutOfOrder {
-        /// The method called.
-        called: &'static str,
-        /// The step that has not run.
-        missing: &'static str,
-    },
-    /// A configuration value is out of range.
-    #[error("invalid worker configuration: {0}")]
-    Config(String),
-    /// The model cannot be loaded.
-    #[error("cannot load model {}: {source}", path.display())]
-    Load {
-        /// The model file.
-        path: PathBuf,
-        /// The loader's reason.
-        source: ModelError,
-    },
-    /// The model runner refused (bad input, unsupported model, allocation).
-    #[error(transparent)]
-    Runner(#[from] RunnerError),
-    /// A scheduler output did not fit the persistent batch.
-    #[error(transparent)]
-    Batch(#[from] BatchError),
-    /// A logits-processor plugin could not be loaded, or failed under
-    /// `plugins.on_error = "fail"`.
-    #[error(transparent)]
-    Plugin(#[from] crate::plugins::PluginError),
-    /// `update_weights` was given an unknown name, a wrong size, or a value
-    /// that is not finite; nothing changed.
-    #[error("update_weights: {0}")]
-    UpdateWeights(String),
-    /// A call that needs the model awake ran while it sleeps.
-    #[error("worker: {called} cannot run while the worker sleeps ({what} asleep); call wake_up first")]
-    Asleep {
-        /// The method called.
-        called: &'static str,
-        /// What sleeps: `weights`, `kv_cache` or both.
-        what: String,
-    },
-}
 
 /// The device a worker opened in `init_device`.
 enum Device {
@@ -495,100 +385,4 @@ fn cpu_features() -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn config() -> WorkerConfig {
-        WorkerConfig::for_unit_tests()
-    }
-
-    #[test]
-    fn rejects_zero_sizes() {
-        let err = Worker::new(WorkerConfig {
-            block_size: 0,
-            ..config()
-        })
-        .err()
-        .unwrap()
-        .to_string();
-        assert!(err.contains("block_size is 0"), "{err}");
-        let err = Worker::new(WorkerConfig {
-            max_model_len: Some(0),
-            eos_token_id: None,
-            ..config()
-        })
-        .err()
-        .unwrap()
-        .to_string();
-        assert!(err.contains("max_model_len is 0"), "{err}");
-    }
-
-    #[test]
-    fn names_the_missing_lifecycle_step() {
-        let mut w = Worker::new(config()).unwrap();
-        let err = w.load_model().unwrap_err().to_string();
-        assert!(err.contains("load_model needs init_device"), "{err}");
-        let err = w.determine_available_memory().unwrap_err().to_string();
-        assert!(err.contains("needs load_model"), "{err}");
-        let err = w.initialize_from_config(4).unwrap_err().to_string();
-        assert!(err.contains("needs load_model"), "{err}");
-        let err = w.compile_or_warm_up_model().unwrap_err().to_string();
-        assert!(err.contains("needs initialize_from_config"), "{err}");
-        let err = w
-            .execute_model_input(&ModelInput::default())
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("needs load_model"), "{err}");
-    }
-
-    #[test]
-    fn the_cpu_worker_samples_on_the_host_even_when_every_row_is_device_eligible() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let mut w = Worker::new(WorkerConfig {
-            model: crate::config::default_model_path(&root),
-            ..config()
-        })
-        .unwrap();
-        w.init_device().unwrap();
-        w.load_model().unwrap();
-        w.initialize_from_config(8).unwrap();
-        let prompt = vec![1u32, 504, 3458, 282];
-        let so = SchedulerOutput {
-            scheduled_new_reqs: vec![crate::scheduler::NewRequestData {
-                handle: crate::scheduler::ReqHandle(0),
-                request_id: "r0".into(),
-                prompt_token_ids: prompt.clone(),
-                // Greedy, no logprobs: a row the device sampler could take.
-                sampling_params: crate::sampling::SamplingParams { temperature: 0.0, ..Default::default() },
-                block_ids: vec![0],
-                num_computed_tokens: 0,
-            }],
-            num_scheduled_tokens: vec![(crate::scheduler::ReqHandle(0), prompt.len() as u32)],
-            ..SchedulerOutput::default()
-        };
-        // The CPU runner does not sample on a device.
-        let rows = [crate::model_runner::DeviceSampleRow {
-            params: &crate::sampling::SamplingParams::default(),
-            seed: 0,
-            position: 4,
-            logits_row: 0,
-        }];
-        let input = ModelInput::single(&prompt, 0, vec![0]);
-        assert!(w.runner_mut("test").unwrap().execute_and_sample(&input, &rows).is_none());
-        w.execute_model(&so).unwrap();
-        let Some(Pending::Host(_, logits)) = &w.pending else {
-            panic!("the CPU worker left no logits for the host sampler");
-        };
-        let want = crate::sampling::select::argmax(&logits.data[..logits.vocab_size]) as u32;
-        let out = w.sample_tokens().unwrap();
-        assert_eq!(out.sampled, vec![(crate::scheduler::ReqHandle(0), [want])]);
-    }
-
-    #[test]
-    fn a_missing_model_file_is_a_load_error_naming_it() {
-        let mut w = Worker::new(config()).unwrap();
-        w.init_device().unwrap();
-        let err = w.load_model().unwrap_err().to_string();
-        assert!(err.contains("/nonexistent/model.gguf"), "{err}");
-    }
-}
+mod tests;
