@@ -31,11 +31,20 @@
 # the exported PTX instead ($HOST_PTX_DIR).
 # GPU_CHECK_MODEL: the .gguf for the runner check (default: the repository's
 # cached default model; `dummy` for SmolLM2-shaped random weights).
+#
+# The default model (98 MB) is more than one device call carries (64 MiB),
+# so `build` also cuts it into two pieces under target/gpu-model/, and `run`
+# joins them when the model is not on the device. A GPU session makes three
+# calls back to back (a warm machine keeps what earlier calls carried):
+#   carry [target/gpu-model/part-aa], command: true
+#   carry [target/gpu-model/part-ab], command: true
+#   carry [target/gpu-check],         command: bash scripts/gpu-check.sh run
 # GPU_CHECK_VARIANT=cuda12|cuda13 forces a variant. Any failure exits
 # non-zero; nothing is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out_dir=target/gpu-check
+default_model=.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
 log="${OUT:-$out_dir}/gpu-check.log"
 # The order the checks run in, each with its time limit in seconds and a
 # title; a device check not listed runs last with 120 s. All of them
@@ -96,6 +105,11 @@ build() {
     rm -rf "$out_dir/ptx"
     LD_LIBRARY_PATH="$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
         cargo run -p host --features cuda --example export_ptx -- "$out_dir/ptx"
+    # The default model in two pieces a device call can carry each.
+    [[ -f $default_model ]] || bash scripts/fetch-model.sh
+    rm -rf target/gpu-model && mkdir -p target/gpu-model
+    split -b 48M "$default_model" target/gpu-model/part-
+    ls -la target/gpu-model
     ls -la "$out_dir" "$out_dir/ptx"
     du -sh "$out_dir"
 }
@@ -175,7 +189,12 @@ for archive in sys.argv[2:]:
     libs+=":$(python3 -c 'import glob, site; print(":".join(sorted(glob.glob(site.getsitepackages()[0] + "/nvidia/*/lib"))))' 2>/dev/null || true)"
     export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export HOST_PTX_DIR="$PWD/$out_dir/ptx"
-    export GPU_CHECK_MODEL="${GPU_CHECK_MODEL:-$PWD/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
+    if [[ -z ${GPU_CHECK_MODEL:-} && ! -f $default_model && -f target/gpu-model/part-aa ]]; then
+        mkdir -p "$(dirname "$default_model")"
+        cat target/gpu-model/part-* >"$default_model.tmp" && mv "$default_model.tmp" "$default_model"
+        echo "gpu-check: joined the carried pieces into $default_model" | tee -a "$log"
+    fi
+    export GPU_CHECK_MODEL="${GPU_CHECK_MODEL:-$PWD/$default_model}"
     local variant reason other start=$SECONDS status=0 line name limit title left all
     choose_variant
     echo "gpu-check: variant $variant: $reason" | tee -a "$log"
