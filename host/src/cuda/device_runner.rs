@@ -183,6 +183,16 @@ impl GpuRunner {
         device_error(&self.name, e)
     }
 
+    /// Hands memory freed on the stream back to the device. cudarc frees
+    /// stream-ordered (`cuMemFreeAsync`); the device's memory pool returns
+    /// what it holds at the next synchronisation, so sleep and the profile
+    /// run free for real only after one.
+    fn release_freed(&self) {
+        if let Err(e) = self.gpu.stream.synchronize() {
+            tracing::warn!(device = self.name, error = %e, "worker: synchronising after a free failed");
+        }
+    }
+
     /// The runner, unless its weights sleep.
     fn awake(&mut self) -> Result<&mut GpuModelRunner, RunnerError> {
         let name = self.name.clone();
@@ -213,6 +223,16 @@ impl GpuRunner {
             left -= n;
         }
         input
+    }
+}
+
+/// Frees everything on the device and waits until it is given back (a
+/// level-2 sleep or shutdown drops the runner).
+impl Drop for GpuRunner {
+    fn drop(&mut self) {
+        self.runner = None;
+        self.sampling = None;
+        self.release_freed();
     }
 }
 
@@ -266,6 +286,9 @@ impl DeviceRunner for GpuRunner {
             runner.forward(&gpu, &input)?;
             gpu.stream.synchronize()?;
             runner.free_kv_cache();
+            // Frees are stream-ordered: the pool gives the memory back at
+            // the next synchronisation, and the snapshot must not count it.
+            gpu.stream.synchronize()?;
             gpu.memory()
         })();
         runner.free_kv_cache();
@@ -312,6 +335,7 @@ impl DeviceRunner for GpuRunner {
             r.free_kv_cache();
         }
         self.num_blocks = 0;
+        self.release_freed();
     }
 
     /// A dummy step, then the decode CUDA graphs (unless `enforce_eager`).
@@ -400,7 +424,9 @@ impl DeviceRunner for GpuRunner {
                     "worker: weights offloaded"
                 );
                 self.offloaded = Some(host);
+                drop(runner);
                 self.sampling = None;
+                self.release_freed();
                 Ok(())
             }
             Err(e) => {
