@@ -85,9 +85,11 @@ impl EngineCore {
                         "update_weights expects an object of tensor name -> list of values; got {args}"
                     ));
                 }
-                self.call_workers("update_weights", RpcValue::Json(args.to_string()))?;
-                self.reset_prefix_cache();
-                Ok(Value::Null)
+                // The same path as a client's collective_rpc of it, which
+                // also forgets the prefixes cached with the old weights.
+                let call = serde_json::json!({ "method": "update_weights", "args": args });
+                self.call_utility("collective_rpc", call)
+                    .map(|_| Value::Null)
             }
             other => Err(format!(
                 "unknown utility method `{other}`; known: {}",
