@@ -329,6 +329,43 @@ pub struct ServerConfig {
     /// a crash there cannot take the HTTP server down with it); `false`
     /// runs it on threads of the server's process.
     pub engine_core_process: bool,
+    /// Most choices one request may ask for (`n`; OpenAI allows 128).
+    pub max_n: u32,
+    /// Most prompts in one `/v1/completions` batch.
+    pub max_prompts: usize,
+    /// Most bytes of prompt text in one request (every prompt or message
+    /// counted), checked before anything is tokenized.
+    pub max_prompt_bytes: usize,
+    /// Most messages in one chat request.
+    pub max_messages: usize,
+    /// Most `stop` strings in one request.
+    pub max_stop_strings: usize,
+    /// Longest `stop` string, in bytes.
+    pub max_stop_string_bytes: usize,
+    /// Most `stop_token_ids` in one request.
+    pub max_stop_token_ids: usize,
+    /// Most `logit_bias` entries in one request (OpenAI allows 300).
+    pub max_logit_bias: usize,
+    /// Most bytes of `extra_args` / `vllm_xargs`, as compact JSON.
+    pub max_extra_args_bytes: usize,
+    /// Most engine requests waiting to be scheduled (each choice of each
+    /// prompt counts); past it new requests get 429 with `Retry-After`.
+    pub max_waiting_requests: usize,
+    /// Most open HTTP connections; past it new ones get 503 and are closed.
+    pub max_connections: usize,
+    /// Seconds a client has to send a request's headers before its
+    /// connection is dropped.
+    pub header_read_timeout_s: f64,
+    /// Seconds an open connection may sit with no request in flight before
+    /// it is closed.
+    pub idle_connection_timeout_s: f64,
+    /// `Host` names accepted besides loopback names and the listening
+    /// address, when the server listens on a loopback address (DNS
+    /// rebinding protection); `["*"]` accepts any.
+    pub allowed_hosts: Vec<String>,
+    /// Origins answered with CORS headers (`["*"]` for any); empty (the
+    /// default) sends none, so browsers keep other sites out.
+    pub cors_allowed_origins: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -342,6 +379,21 @@ impl Default for ServerConfig {
             enable_rpc_endpoint: false,
             drain_on_shutdown: true,
             engine_core_process: true,
+            max_n: 128,
+            max_prompts: 128,
+            max_prompt_bytes: 1 << 20,
+            max_messages: 1024,
+            max_stop_strings: 16,
+            max_stop_string_bytes: 1024,
+            max_stop_token_ids: 1024,
+            max_logit_bias: 300,
+            max_extra_args_bytes: 64 << 10,
+            max_waiting_requests: 1024,
+            max_connections: 512,
+            header_read_timeout_s: 10.0,
+            idle_connection_timeout_s: 60.0,
+            allowed_hosts: Vec::new(),
+            cors_allowed_origins: Vec::new(),
         }
     }
 }
@@ -481,8 +533,24 @@ impl EngineConfig {
                 ),
             );
         }
-        if self.server.max_body_bytes == 0 {
-            return invalid("server.max_body_bytes", "must be more than 0".into());
+        let server_sizes = [
+            ("server.max_body_bytes", self.server.max_body_bytes),
+            ("server.max_n", self.server.max_n as usize),
+            ("server.max_prompts", self.server.max_prompts),
+            ("server.max_prompt_bytes", self.server.max_prompt_bytes),
+            ("server.max_messages", self.server.max_messages),
+            ("server.max_waiting_requests", self.server.max_waiting_requests),
+            ("server.max_connections", self.server.max_connections),
+        ];
+        if let Some((key, _)) = server_sizes.into_iter().find(|(_, v)| *v == 0) {
+            return invalid(key, "must be more than 0".into());
+        }
+        let server_seconds = [
+            ("server.header_read_timeout_s", self.server.header_read_timeout_s),
+            ("server.idle_connection_timeout_s", self.server.idle_connection_timeout_s),
+        ];
+        if let Some((key, v)) = server_seconds.into_iter().find(|(_, v)| !(v.is_finite() && *v > 0.0 && *v < 1e9)) {
+            return invalid(key, format!("must be a positive number of seconds, got {v}"));
         }
         if !WORKER_CLASSES.contains(&self.worker.cls.as_str()) {
             return invalid(
