@@ -2,13 +2,18 @@
 //! cap-std: the plugin reads its granted file in `init`, cannot write there
 //! unless the grant is `writable`, cannot reach anything outside it (not
 //! /etc/passwd), and without a grant it sees no filesystem at all. A grant
-//! for an unknown plugin or a missing directory is refused at start.
+//! for an unknown plugin or a missing directory is refused at start, and so
+//! is a writable one holding the compiled-component cache. A
+//! `collective_rpc` caller cannot load plugins with grants or a cache the
+//! operator did not configure.
 
 use std::path::Path;
 
 use e2e::plugin;
-use host::config::{GrantConfig, PluginsConfig};
+use host::config::{EngineConfig, GrantConfig, PluginsConfig};
+use host::engine::Llm;
 use host::plugins::{host_from_config, PluginError, Row};
+use serde_json::json;
 
 /// `test:reads-grant` with `options` (a flat object of strings) and `grants`.
 fn config(cache: &Path, options: &[(&str, &str)], grants: Vec<GrantConfig>) -> PluginsConfig {
@@ -144,4 +149,74 @@ fn bad_grants_are_refused_naming_what_is_wrong() {
     relative.guest = "data".into();
     let err = start(&config(cache.path(), &[], vec![relative])).unwrap_err();
     assert!(err.contains("must be an absolute path"), "{err}");
+}
+
+#[test]
+fn a_writable_grant_holding_the_cache_is_refused() {
+    let data = data_dir();
+    // Reached through a symlink and `..`, so only canonical paths match.
+    let link = tempfile::tempdir().unwrap();
+    let via = link.path().join("via");
+    std::os::unix::fs::symlink(data.path(), &via).unwrap();
+    let cache = via.join("sub/../cache");
+    let err = start(&config(&cache, &[], vec![grant(data.path(), true)])).unwrap_err();
+    let data_shown = data.path().canonicalize().unwrap().display().to_string();
+    assert!(
+        err.contains(&format!("dir {data_shown} is writable"))
+            && err.contains(&format!("cache {data_shown}/cache"))
+            && err.contains("plugins.cache_dir")
+            && err.contains("writable = false"),
+        "{err}"
+    );
+    assert!(
+        !data.path().join("cache").exists(),
+        "refused before creating the cache"
+    );
+    // The cache folder itself granted, through the symlink.
+    let err = start(&config(&via, &[], vec![grant(data.path(), true)])).unwrap_err();
+    assert!(
+        err.contains("contains the compiled-component cache"),
+        "{err}"
+    );
+    // Read-only, the plugin cannot plant anything: allowed.
+    start(&config(&cache, &[], vec![grant(data.path(), false)])).unwrap();
+    // A cache beside the writable grant is fine.
+    let beside = tempfile::tempdir().unwrap();
+    start(&config(beside.path(), &[], vec![grant(data.path(), true)])).unwrap();
+}
+
+#[test]
+fn collective_rpc_cannot_load_plugins_with_other_grants_or_cache() {
+    let (cache, data) = (tempfile::tempdir().unwrap(), data_dir());
+    let mut c = EngineConfig::default();
+    c.model.path = e2e::default_model();
+    c.model.max_model_len = 256;
+    c.cache.kv_cache_memory_bytes = Some(64 * 30 * 2 * 3 * 64 * 16 * 4);
+    c.plugins = config(cache.path(), &[], vec![]);
+    let mut llm = Llm::new(&c).unwrap();
+    let mut asked = serde_json::to_value(&c.plugins).unwrap();
+    asked["logits_processors"] = json!(["test:reads-grant"]);
+    asked["grants"] = json!([{"plugin": "test:reads-grant", "dir": data.path(), "guest": "/data", "writable": true}]);
+    let err = llm
+        .collective_rpc("load_logits_processors", Some(asked.clone()))
+        .unwrap_err();
+    assert!(
+        err.contains("refused") && err.contains("grants") && err.contains("operator's"),
+        "{err}"
+    );
+    asked["grants"] = json!([]);
+    asked["cache_dir"] = json!(data.path());
+    let err = llm
+        .collective_rpc("load_logits_processors", Some(asked))
+        .unwrap_err();
+    assert!(err.contains("cache_dir"), "{err}");
+    assert_eq!(
+        std::fs::read_dir(data.path()).unwrap().count(),
+        1,
+        "nothing cached there"
+    );
+    // The operator's own configuration loads (nothing to load here).
+    let own = serde_json::to_value(&c.plugins).unwrap();
+    llm.collective_rpc("load_logits_processors", Some(own))
+        .unwrap();
 }

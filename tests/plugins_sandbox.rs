@@ -3,10 +3,12 @@
 //! deliberately bad plugins (panic, infinite loop, memory bomb, invalid
 //! answers, filesystem / socket / environment access). Each bad plugin must
 //! be reported by name and the policy must fall back to FCFS for that step,
-//! within a bounded time, and keep working afterwards.
+//! within a bounded time, and keep working afterwards. The cache loads
+//! only what this host wrote: a changed or swapped entry is recompiled,
+//! and a folder others may write to is not used.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use e2e::plugin;
@@ -175,20 +177,25 @@ fn wrong_kind_and_newer_wit_are_refused_with_both_sides_named() {
     );
 }
 
+/// The compiled entries (`*.cwasm`) in `dir`, sorted.
+fn entries(dir: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "cwasm"))
+        .collect();
+    found.sort();
+    found
+}
+
 #[test]
 fn compiled_components_are_cached_on_disk() {
     let cache = tempfile::tempdir().unwrap();
     let c = config(vec![plugin("fcfs")], cache.path());
     host_from_config(&c).unwrap();
-    let entries = || -> Vec<PathBuf> {
-        std::fs::read_dir(cache.path())
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .collect()
-    };
+    let entries = || entries(cache.path());
     let first = entries();
     assert_eq!(first.len(), 1, "one compiled entry: {first:?}");
-    assert!(first[0].extension().is_some_and(|e| e == "cwasm"));
     let written = std::fs::metadata(&first[0]).unwrap().modified().unwrap();
     // A second host loads the entry instead of writing it again.
     let host = host_from_config(&c).unwrap();
@@ -213,6 +220,69 @@ fn compiled_components_are_cached_on_disk() {
         std::fs::metadata(&first[0]).unwrap().len() > 1000,
         "the entry was rewritten"
     );
+}
+
+#[test]
+fn a_changed_or_swapped_cache_entry_is_recompiled_not_loaded() {
+    let cache = tempfile::tempdir().unwrap();
+    let fcfs = config(vec![plugin("fcfs")], cache.path());
+    host_from_config(&fcfs).unwrap();
+    let [fcfs_entry] = entries(cache.path()).try_into().unwrap();
+    host_from_config(&config(vec![plugin("logit_bias")], cache.path())).unwrap();
+    let bias_entry = entries(cache.path())
+        .into_iter()
+        .find(|e| *e != fcfs_entry)
+        .unwrap();
+    // Another plugin's valid, tagged entry in fcfs's place: loading it would
+    // make `engine:fcfs` a logits processor.
+    std::fs::copy(&bias_entry, &fcfs_entry).unwrap();
+    let host = host_from_config(&fcfs).unwrap();
+    let names: Vec<&str> = host.plugins().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["engine:fcfs"]);
+    assert_eq!(
+        order(&mut *host.scheduling_policy("engine:fcfs").unwrap()),
+        [0, 1, 2, 3, 4]
+    );
+    let rewritten = std::fs::read(&fcfs_entry).unwrap();
+    assert_ne!(rewritten, std::fs::read(&bias_entry).unwrap());
+    // One flipped byte in the compiled code: recompiled and rewritten.
+    let mut flipped = rewritten.clone();
+    let middle = flipped.len() / 2;
+    flipped[middle] ^= 0x40;
+    std::fs::write(&fcfs_entry, &flipped).unwrap();
+    let host = host_from_config(&fcfs).unwrap();
+    assert_eq!(
+        order(&mut *host.scheduling_policy("engine:fcfs").unwrap()),
+        [0, 1, 2, 3, 4]
+    );
+    assert_ne!(std::fs::read(&fcfs_entry).unwrap(), flipped, "rewritten");
+}
+
+#[test]
+fn a_cache_folder_others_may_write_is_not_used() {
+    use std::os::unix::fs::PermissionsExt;
+    let cache = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(cache.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let host = host_from_config(&config(vec![plugin("fcfs")], cache.path())).unwrap();
+    assert_eq!(host.runtime().cache_dir(), None, "the cache is off");
+    assert_eq!(
+        order(&mut *host.scheduling_policy("engine:fcfs").unwrap()),
+        [0, 1, 2, 3, 4],
+        "the plugin still runs, compiled at load"
+    );
+    assert_eq!(
+        std::fs::read_dir(cache.path()).unwrap().count(),
+        0,
+        "nothing written"
+    );
+    // Made private, it is used.
+    std::fs::set_permissions(cache.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let host = host_from_config(&config(vec![plugin("fcfs")], cache.path())).unwrap();
+    assert_eq!(
+        host.runtime().cache_dir(),
+        Some(cache.path().canonicalize().unwrap().as_path())
+    );
+    assert_eq!(entries(cache.path()).len(), 1);
 }
 
 /// Loads the misbehaving policy in `mode`, calls it twice, and returns the

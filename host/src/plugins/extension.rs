@@ -151,11 +151,14 @@ impl WorkerExtension {
     }
 }
 
-/// Loads every worker extension `worker.extension` names and registers its
-/// methods as `<name>.<method>` in `methods`; a no-op when none is named.
-/// Each worker (the `uni` executor's, every `mp` worker process) does this
-/// for itself.
+/// Binds the worker's plugin-loading method to the operator's `[plugins]`
+/// (`WorkerMethods::register_plugin_loading`), then loads every worker
+/// extension `worker.extension` names and registers its methods as
+/// `<name>.<method>` in `methods`. Each worker (the `uni` executor's, every
+/// `mp` worker process) does this for itself, from the configuration it was
+/// started with.
 pub fn register(config: &EngineConfig, methods: &mut WorkerMethods) -> anyhow::Result<()> {
+    methods.register_plugin_loading(&config.plugins)?;
     let names = &config.worker.extension;
     if names.is_empty() {
         return Ok(());

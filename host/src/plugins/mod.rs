@@ -4,9 +4,10 @@
 //! on wasmtime's component model in a sandbox, and resolved by the qualified
 //! name they declare.
 //!
-//! - [`runtime`]: one `Engine`, the sandbox (no imports granted, memory
-//!   limit, per-call epoch deadline) and the compiled-component cache
-//!   ([`cache`]).
+//! - [`runtime`]: one `Engine`, the sandbox (no imports granted, a memory
+//!   limit for the plugin as a whole ([`limiter`]), per-call epoch
+//!   deadline) and the compiled-component cache ([`cache`], which loads
+//!   only what this host wrote, checked by [`cache_guard`]).
 //! - [`registry`]: loading `--plugin` files and `plugins.dirs`, WIT version
 //!   and kind checks, resolution by name ([`PluginHost`]).
 //! - [`instance`]: a long-lived `Store` per instance, recreated after a
@@ -25,9 +26,11 @@
 
 mod bindings;
 mod cache;
+mod cache_guard;
 mod error;
 pub mod extension;
 pub mod instance;
+pub mod limiter;
 mod live;
 pub mod policy;
 pub mod processor;
@@ -42,9 +45,9 @@ use std::time::Duration;
 
 pub use error::PluginError;
 pub use processor::{LogitsProcessors, Row};
-pub use sampler::SamplerPlugin;
 pub use registry::{OptionInfo, PluginHost, PluginInfo, SUPPORTED_WIT};
 pub use runtime::{Limits, PluginRuntime};
+pub use sampler::SamplerPlugin;
 
 use crate::config::PluginsConfig;
 
@@ -137,9 +140,7 @@ pub fn runtime_from_config(config: &PluginsConfig) -> Result<Arc<PluginRuntime>,
             writable: g.writable,
         })
         .collect();
-    PluginRuntime::new(limits, cache_dir(config))
-        .map_err(|e| PluginError::Config(format!("cannot start the WebAssembly engine: {e}")))?
-        .with_grants(grants)
+    PluginRuntime::new(limits, cache_dir(config), grants)
         .map(Arc::new)
         .map_err(PluginError::Config)
 }

@@ -5,9 +5,11 @@
 //! sees is empty, and every other WASI import a guest's standard library
 //! pulls in (filesystem, sockets, clocks, randomness, stdio) is linked to a
 //! function that traps with the import's name, so "no filesystem, network,
-//! environment or clock" holds by construction. Memory is capped per instance by `StoreLimits` (a failed
-//! grow traps, so running out is reported, not hidden in a guest `null`),
-//! and every call runs under an epoch deadline: a ticker thread advances the
+//! environment or clock" holds by construction. Memory is capped for the
+//! plugin as a whole, every linear memory of the component together, and
+//! tables and instances are bounded ([`super::limiter`]; a refused grow
+//! traps, so running out is reported, not hidden in a guest `null`), and
+//! every call runs under an epoch deadline: a ticker thread advances the
 //! engine's epoch every millisecond while calls happen and parks once they
 //! stop ([`super::ticker`]), so an idle engine stays idle.
 //!
@@ -16,7 +18,9 @@
 //! read-only unless `writable`. Its `wasi:filesystem` and `wasi:io`
 //! interfaces are linked for every plugin, but `get-directories`, the only
 //! way to a file descriptor, traps for a plugin without a grant, so an
-//! ungranted plugin sees the same trap as before.
+//! ungranted plugin sees the same trap as before. A writable grant may not
+//! contain the compiled-component cache ([`super::cache`]): the plugin
+//! could plant native code there that the host would load.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -25,14 +29,16 @@ use wasmtime::component::types::ComponentItem;
 use wasmtime::component::{
     Component, HasData, InstancePre, Linker, Resource, ResourceTable, ResourceType,
 };
-use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
+use wasmtime::{Config, Engine, Store, Trap};
 use wasmtime_wasi::filesystem::{
     Descriptor, WasiFilesystem, WasiFilesystemCtxView, WasiFilesystemView,
 };
 use wasmtime_wasi::p2::bindings::{filesystem::preopens, sync as wasi};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
-use super::cache;
+use super::cache::CompiledCache;
+use super::cache_guard;
+use super::limiter::{LimitExceeded, PluginLimiter};
 use super::ticker::{Ticker, TICK};
 
 /// Sandbox limits for every instance.
@@ -42,7 +48,8 @@ pub struct Limits {
     pub deadline: Duration,
     /// Wall-clock budget of `init` and `metadata`.
     pub init_deadline: Duration,
-    /// Linear memory one instance may grow to, in bytes.
+    /// Linear memory one instance may grow to, in bytes: every memory of
+    /// the component together.
     pub memory_bytes: usize,
 }
 
@@ -62,7 +69,7 @@ pub struct Grant {
 /// What each `Store` carries: its limits and its WASI state (the granted
 /// directories; empty for most plugins).
 pub struct StoreState {
-    limits: StoreLimits,
+    limits: PluginLimiter,
     wasi: WasiCtx,
     table: ResourceTable,
     /// Whether any directory is granted; without one `get-directories` traps.
@@ -150,7 +157,9 @@ impl std::error::Error for NotGranted {}
 /// settings; shared by every plugin instance.
 pub struct PluginRuntime {
     engine: Engine,
-    cache_dir: Option<PathBuf>,
+    /// `None`: compile every time (no cache configured, or its folder was
+    /// refused).
+    cache: Option<CompiledCache>,
     limits: Limits,
     grants: Vec<Grant>,
     ticker: Ticker,
@@ -159,7 +168,7 @@ pub struct PluginRuntime {
 impl std::fmt::Debug for PluginRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PluginRuntime")
-            .field("cache_dir", &self.cache_dir)
+            .field("cache_dir", &self.cache_dir())
             .field("limits", &self.limits)
             .field("grants", &self.grants)
             .finish()
@@ -167,44 +176,44 @@ impl std::fmt::Debug for PluginRuntime {
 }
 
 impl PluginRuntime {
-    /// An engine with epoch interruption, a 1 MiB guest stack, and the
-    /// given cache directory (`None`: compile every time).
-    pub fn new(limits: Limits, cache_dir: Option<PathBuf>) -> anyhow::Result<PluginRuntime> {
+    /// An engine with epoch interruption and a 1 MiB guest stack, the
+    /// directories `grants` gives plugins, and the compiled-component cache
+    /// in `cache_dir` (`None`: compile every time). A grant that is not a
+    /// directory, has a relative guest path, or is writable and contains the
+    /// cache is refused with a message naming it; a cache folder that cannot
+    /// be trusted is not used, with a warning naming it.
+    pub fn new(
+        limits: Limits,
+        cache_dir: Option<PathBuf>,
+        grants: Vec<Grant>,
+    ) -> Result<PluginRuntime, String> {
+        check_grants(&grants, cache_dir.as_deref())?;
+        let cache = cache_dir.and_then(|dir| match CompiledCache::open(&dir) {
+            Ok(cache) => Some(cache),
+            Err(e) => {
+                tracing::warn!("not using the plugin cache: {e}; every plugin is compiled at load");
+                None
+            }
+        });
         let mut config = Config::new();
         config.epoch_interruption(true).max_wasm_stack(1 << 20);
-        let engine = Engine::new(&config)?;
+        let engine_error = |e: wasmtime::Error| format!("cannot start the WebAssembly engine: {e}");
+        let engine = Engine::new(&config).map_err(engine_error)?;
         let epoch = engine.clone();
-        let ticker = Ticker::start(move || epoch.increment_epoch())?;
+        let ticker = Ticker::start(move || epoch.increment_epoch())
+            .map_err(|e| format!("cannot start the WebAssembly engine's ticker thread: {e}"))?;
         Ok(PluginRuntime {
             engine,
-            cache_dir,
+            cache,
             limits,
-            grants: Vec::new(),
+            grants,
             ticker,
         })
     }
 
-    /// Grants directories to plugins by name; a directory that cannot be
-    /// opened or a guest path that is not absolute is refused here, naming
-    /// the grant.
-    pub fn with_grants(mut self, grants: Vec<Grant>) -> Result<PluginRuntime, String> {
-        for g in &grants {
-            let name = &g.plugin;
-            if !g.dir.is_dir() {
-                return Err(format!(
-                    "[[plugins.grants]] for {name:?}: dir {} is not a directory on this machine",
-                    g.dir.display()
-                ));
-            }
-            if !g.guest.starts_with('/') {
-                return Err(format!(
-                    "[[plugins.grants]] for {name:?}: guest = {:?} must be an absolute path such as \"/data\"",
-                    g.guest
-                ));
-            }
-        }
-        self.grants = grants;
-        Ok(self)
+    /// The folder compiled components are cached in, when the cache is used.
+    pub fn cache_dir(&self) -> Option<&std::path::Path> {
+        self.cache.as_ref().map(CompiledCache::dir)
     }
 
     /// The granted directories.
@@ -224,7 +233,10 @@ impl PluginRuntime {
 
     /// Compiles `bytes`, or loads the compiled form from the cache.
     pub fn load_component(&self, bytes: &[u8]) -> wasmtime::Result<Component> {
-        cache::load_or_compile(&self.engine, self.cache_dir.as_deref(), bytes)
+        match &self.cache {
+            Some(cache) => Ok(cache.load_or_compile(&self.engine, bytes)?.0),
+            None => Component::new(&self.engine, bytes),
+        }
     }
 
     /// Links `component` against the sandbox once, so each instantiation
@@ -328,18 +340,8 @@ impl PluginRuntime {
     }
 
     fn store_with(&self, wasi: WasiCtx, granted: bool) -> Store<StoreState> {
-        let limits = StoreLimitsBuilder::new()
-            .memory_size(self.limits.memory_bytes)
-            // A component built by componentize-py (CPython, libc, the WASI
-            // adapter and their shims) instantiates 38 core modules; memory
-            // stays capped by `memory_size` however many there are.
-            .instances(64)
-            .tables(8)
-            .table_elements(20_000)
-            .trap_on_grow_failure(true)
-            .build();
         let state = StoreState {
-            limits,
+            limits: PluginLimiter::new(self.limits.memory_bytes),
             wasi,
             table: ResourceTable::new(),
             granted,
@@ -377,6 +379,15 @@ pub fn describe_fault(err: &wasmtime::Error, limits: &Limits, deadline: Duration
     if let Some(not_granted) = err.root_cause().downcast_ref::<NotGranted>() {
         return not_granted.to_string();
     }
+    if let Some(limit) = err.chain().find_map(|e| e.downcast_ref::<LimitExceeded>()) {
+        return match limit {
+            LimitExceeded::Memory { .. } => format!(
+                "exceeded its memory limit of {} MiB ({limit})",
+                limits.memory_bytes >> 20
+            ),
+            _ => format!("exceeded a sandbox limit ({limit})"),
+        };
+    }
     let root = err.root_cause().to_string();
     if let Some(import) = root.strip_prefix("unknown import: ") {
         let import = import.trim_end_matches(" has not been defined");
@@ -396,4 +407,37 @@ pub fn describe_fault(err: &wasmtime::Error, limits: &Limits, deadline: Duration
         Some(trap) => format!("trapped: {trap}"),
         None => format!("failed: {root}"),
     }
+}
+
+/// Refuses a grant that is not a directory, has a relative guest path, or
+/// is writable and contains `cache_dir` (compared canonical, so a symlink
+/// or `..` does not hide it).
+fn check_grants(grants: &[Grant], cache_dir: Option<&std::path::Path>) -> Result<(), String> {
+    let cache = cache_dir.map(cache_guard::resolve);
+    for g in grants {
+        let name = &g.plugin;
+        if !g.dir.is_dir() {
+            return Err(format!(
+                "[[plugins.grants]] for {name:?}: dir {} is not a directory on this machine",
+                g.dir.display()
+            ));
+        }
+        if !g.guest.starts_with('/') {
+            return Err(format!(
+                "[[plugins.grants]] for {name:?}: guest = {:?} must be an absolute path such as \"/data\"",
+                g.guest
+            ));
+        }
+        let dir = cache_guard::resolve(&g.dir);
+        if let Some(cache) = cache.as_ref().filter(|c| g.writable && c.starts_with(&dir)) {
+            return Err(format!(
+                "[[plugins.grants]] for {name:?}: dir {} is writable and contains the compiled-component cache {}, \
+                 where the plugin could plant native code the host would load; move the cache out of it \
+                 (plugins.cache_dir) or make the grant read-only (writable = false)",
+                dir.display(),
+                cache.display()
+            ));
+        }
+    }
+    Ok(())
 }

@@ -7,11 +7,20 @@
 //! under a namespaced name such as `my-ext:reset_stats`; a name that is
 //! already taken is refused, as vLLM refuses an extension attribute that
 //! conflicts with the worker class.
+//!
+//! Every registered method is reachable by whoever can call
+//! `collective_rpc` (the opt-in `POST /collective_rpc` included), so none
+//! may widen the sandbox the operator configured: the one method that
+//! loads plugins, `load_logits_processors`, is bound to the operator's
+//! `[plugins]` when the worker starts ([`WorkerMethods::register_plugin_loading`])
+//! and refuses an argument that asks for other plugins, grants, limits or
+//! cache.
 
 use std::collections::HashMap;
 
 use super::rpc::RpcValue;
 use super::Worker;
+use crate::config::PluginsConfig;
 
 /// A method's body: runs on the worker with the call's argument.
 pub type Handler = Box<dyn Fn(&mut Worker, RpcValue) -> anyhow::Result<RpcValue> + Send + Sync>;
@@ -39,7 +48,8 @@ impl WorkerMethods {
     /// `bytes_per_block`, `max_model_len`, `initialize_from_config`,
     /// `compile_or_warm_up_model`), the step (`execute_model`,
     /// `sample_tokens`), and between steps `sleep`, `wake_up`,
-    /// `is_sleeping` and `update_weights` (`sleep.rs`).
+    /// `is_sleeping` and `update_weights` (`sleep.rs`). None of them loads
+    /// a plugin: see [`WorkerMethods::register_plugin_loading`].
     pub fn builtin() -> WorkerMethods {
         let mut m = WorkerMethods::empty();
         let count = |n: usize| RpcValue::Count(n as u64);
@@ -110,13 +120,6 @@ impl WorkerMethods {
                 }),
             ),
             (
-                "load_logits_processors",
-                Box::new(|w, a| match a {
-                    RpcValue::Json(plugins) => Ok(w.load_logits_processors(&plugins).map(|()| RpcValue::Unit)?),
-                    other => anyhow::bail!("load_logits_processors expects Json ([plugins]), got {}", other.kind()),
-                }),
-            ),
-            (
                 "sample_tokens",
                 Box::new(|w, a| {
                     no_args("sample_tokens", a)?;
@@ -142,6 +145,31 @@ impl WorkerMethods {
         }
         self.handlers.insert(name, Box::new(handler));
         Ok(())
+    }
+
+    /// Adds `load_logits_processors`, which loads the logits processors and
+    /// the sampler that `operator` (the engine configuration's `[plugins]`,
+    /// as the operator wrote it) names. Called with no argument it loads
+    /// exactly those; an argument must equal `operator`, so a
+    /// `collective_rpc` caller cannot add plugin files, directory grants,
+    /// limits or a cache folder the operator did not configure.
+    pub fn register_plugin_loading(
+        &mut self,
+        operator: &PluginsConfig,
+    ) -> Result<(), DuplicateMethod> {
+        let operator = operator.clone();
+        self.register("load_logits_processors", move |w, a| {
+            if let RpcValue::Json(asked) = &a {
+                refuse_other_plugins(asked, &operator)?;
+            } else if a != RpcValue::Unit {
+                anyhow::bail!(
+                    "load_logits_processors takes no argument (or the configured [plugins] as Json), got {}",
+                    a.kind()
+                );
+            }
+            let plugins = serde_json::to_string(&operator)?;
+            Ok(w.load_logits_processors(&plugins).map(|()| RpcValue::Unit)?)
+        })
     }
 
     /// The registered names, sorted.
@@ -170,6 +198,35 @@ impl WorkerMethods {
     }
 }
 
+/// Refuses `asked` (a `[plugins]` section as JSON) unless it is the
+/// operator's, naming the keys that differ.
+fn refuse_other_plugins(asked: &str, operator: &PluginsConfig) -> anyhow::Result<()> {
+    let asked: PluginsConfig = serde_json::from_str(asked)
+        .map_err(|e| anyhow::anyhow!("load_logits_processors: invalid [plugins] JSON: {e}"))?;
+    let (asked, operator) = (
+        serde_json::to_value(asked)?,
+        serde_json::to_value(operator)?,
+    );
+    let differ: Vec<&str> = match (&asked, &operator) {
+        (serde_json::Value::Object(a), serde_json::Value::Object(o)) => o
+            .iter()
+            .filter(|(k, v)| a.get(k.as_str()) != Some(v))
+            .map(|(k, _)| k.as_str())
+            .collect(),
+        _ => vec!["[plugins]"],
+    };
+    if differ.is_empty() {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "load_logits_processors: refused, the [plugins] given differs from the engine's configuration in {}; \
+         plugin files, directory grants, limits and the compiled-component cache come only from the operator's \
+         configuration, never from a collective_rpc argument (call it with no argument to load what the \
+         configuration names)",
+        differ.join(", ")
+    )
+}
+
 /// Refuses an argument for a method that takes none.
 fn no_args(method: &str, args: RpcValue) -> anyhow::Result<RpcValue> {
     match args {
@@ -184,8 +241,7 @@ mod tests {
     use crate::worker::WorkerConfig;
 
     fn worker() -> Worker {
-        Worker::new(WorkerConfig::for_unit_tests())
-        .unwrap()
+        Worker::new(WorkerConfig::for_unit_tests()).unwrap()
     }
 
     #[test]
@@ -245,6 +301,65 @@ mod tests {
         assert!(
             err.contains("`execute_model` is already registered"),
             "{err}"
+        );
+    }
+
+    /// No built-in method loads plugins, and the one bound to the
+    /// operator's `[plugins]` refuses grants, cache folders and plugin
+    /// files it was not configured with.
+    #[test]
+    fn rpc_cannot_grant_what_the_operator_did_not() {
+        let builtin = WorkerMethods::builtin();
+        assert!(!builtin.names().contains(&"load_logits_processors"));
+        let operator = PluginsConfig {
+            cache: false,
+            ..PluginsConfig::default()
+        };
+        let mut m = WorkerMethods::builtin();
+        m.register_plugin_loading(&operator).unwrap();
+        let call = |m: &WorkerMethods, args: serde_json::Value| {
+            m.call(
+                &mut worker(),
+                "load_logits_processors",
+                RpcValue::Json(args.to_string()),
+            )
+        };
+        let hostile = serde_json::json!({
+            "cache": false,
+            "paths": ["/tmp/evil.wasm"],
+            "grants": [{"plugin": "acme:evil", "dir": "/", "guest": "/root", "writable": true}],
+        });
+        // The keys the refusal names, in any order.
+        let differing = |err: &str| {
+            let list = err.split(" configuration in ").nth(1).unwrap_or_default();
+            let mut keys: Vec<String> = list
+                .split(';')
+                .next()
+                .unwrap_or_default()
+                .split(", ")
+                .map(String::from)
+                .collect();
+            keys.sort();
+            keys
+        };
+        let err = call(&m, hostile).unwrap_err();
+        assert!(
+            err.contains("refused") && err.contains("only from the operator's"),
+            "{err}"
+        );
+        assert_eq!(differing(&err), ["grants", "paths"], "{err}");
+        let err = call(
+            &m,
+            serde_json::json!({"cache": true, "cache_dir": "/tmp/x"}),
+        )
+        .unwrap_err();
+        assert_eq!(differing(&err), ["cache", "cache_dir"], "{err}");
+        // The operator's own section, or none, loads what it names.
+        let own = serde_json::to_value(&operator).unwrap();
+        assert_eq!(call(&m, own), Ok(RpcValue::Unit));
+        assert_eq!(
+            m.call(&mut worker(), "load_logits_processors", RpcValue::Unit),
+            Ok(RpcValue::Unit)
         );
     }
 }
