@@ -6,8 +6,10 @@
 //! length before checking that the frame holds that many bytes, so a
 //! corrupted 12-byte frame can ask for 2^60 bytes and abort the process.
 //! postcard borrows strings and byte arrays from the frame before copying
-//! them and lets serde cap pre-allocation of sequences, so a frame can never
-//! make the decoder allocate much more than its own size; its format is
+//! them (a length past the frame's end is an error), gives a sequence whose
+//! claimed length exceeds the bytes left no size hint, and lets serde cap the
+//! pre-allocation of maps, so a frame can never make the decoder allocate
+//! much more than its own size; its format is
 //! stable and specified, and its varints make engine messages compact.
 //! Large tensors should travel as bytes (`serde_bytes`), which postcard copies
 //! with one `memcpy`.
@@ -190,6 +192,8 @@ mod tests {
         assert!(decode::<String>(&frame).is_err());
         assert!(decode::<Vec<String>>(&frame).is_err());
         assert!(decode::<Vec<Vec<u8>>>(&frame).is_err());
+        assert!(decode::<BTreeMap<u64, String>>(&frame).is_err());
+        assert!(decode::<std::collections::HashMap<u64, Vec<u8>>>(&frame).is_err());
     }
 
     #[test]

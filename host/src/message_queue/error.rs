@@ -49,13 +49,15 @@ pub enum QueueError {
         /// The operating system's description.
         detail: String,
     },
-    /// The segment does not hold a queue of the expected shape.
-    #[error("shared memory segment '{name}' is corrupted or not a message queue: {detail}")]
+    /// A value read from shared memory (or from the handle that describes
+    /// it) is impossible: another process wrote garbage. The queue never
+    /// trusts such a value; this error says which field held what.
+    #[error("message queue `{queue}` is corrupt: {what}")]
     Corrupt {
-        /// The segment's name.
-        name: String,
-        /// What did not match.
-        detail: String,
+        /// The queue's segment name.
+        queue: String,
+        /// The field, the value it held, what was allowed, and the party at fault.
+        what: String,
     },
     /// The ring stayed full for the whole timeout.
     #[error("enqueue of message {seq} timed out after {waited:?}: all {chunks} chunks are full because {} has not read message {oldest}; raise the timeout or find out why that reader is stuck", list(.behind))]

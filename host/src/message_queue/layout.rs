@@ -5,7 +5,10 @@
 //! ```
 //! Every shared field is an atomic, so concurrent access from several
 //! processes is never a data race; the chunk payloads are plain bytes whose
-//! exclusive or shared use is granted by the flag protocol in `ring.rs`.
+//! exclusive or shared use is granted by the flag protocol in `queue.rs`.
+//! Nothing read from a segment is trusted: geometry is checked once on
+//! attach against the mapping's real size, and every later read of a
+//! length, kind or sequence number is checked before use (`queue.rs`).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
@@ -14,10 +17,14 @@ use shared_memory::{Shmem, ShmemConf};
 use super::error::QueueError;
 use super::wait::Doorbell;
 
-/// Identifies a queue segment and its layout version.
-pub const MAGIC: u64 = u64::from_le_bytes(*b"hostmq01");
+/// Identifies a queue segment and its layout version (02: readers' start times).
+pub const MAGIC: u64 = u64::from_le_bytes(*b"hostmq02");
 /// The most readers one queue supports (one read flag per reader per chunk).
 pub const MAX_READERS: usize = 64;
+/// The most chunks one ring has.
+pub const MAX_CHUNKS: usize = 1 << 16;
+/// The largest chunk payload; larger messages overflow.
+pub const MAX_CHUNK_BYTES: usize = 1 << 30;
 const PAGE: usize = 4096;
 
 /// The segment's header. Geometry fields are written by the creator before
@@ -40,8 +47,10 @@ pub struct Header {
     pub shutdown: AtomicU32,
     /// Bit r is set once reader r attached.
     pub attached: AtomicU64,
-    /// Reader r's pid, valid once bit r of `attached` is set.
+    /// Reader r's pid, stored (Release) after its start time; 0 until then.
     pub reader_pids: [AtomicU32; MAX_READERS],
+    /// Reader r's start time, so that a reused pid does not pass for the reader.
+    pub reader_starts: [AtomicU64; MAX_READERS],
     /// Rung by the writer after each message (and on shutdown); readers sleep on it.
     pub data_bell: Doorbell,
     /// Rung by readers after each read (and on attach/shutdown); the writer sleeps on it.
@@ -95,11 +104,37 @@ impl Geometry {
         (Self::meta_offset() + self.n_chunks * std::mem::size_of::<ChunkMeta>())
             .next_multiple_of(PAGE)
     }
-    /// Total segment size, or `None` on overflow.
+    /// Total segment size, or `None` on overflow. Every arithmetic step is
+    /// checked here, so `stride` and `data_offset` cannot overflow for a
+    /// geometry that passed (every `Segment` holds one).
     pub fn total_bytes(&self) -> Option<usize> {
-        self.stride()
+        let metas = self
+            .n_chunks
+            .checked_mul(std::mem::size_of::<ChunkMeta>())?
+            .checked_add(Self::meta_offset())?
+            .checked_next_multiple_of(PAGE)?;
+        self.max_chunk_bytes
+            .checked_next_multiple_of(64)?
             .checked_mul(self.n_chunks)?
-            .checked_add(self.data_offset())
+            .checked_add(metas)
+    }
+
+    /// Checks a geometry that came from another process (a handle) against
+    /// the limits every writer obeys; the error names the bad field.
+    pub fn check_limits(&self) -> Result<(), String> {
+        if !(1..=MAX_CHUNKS).contains(&self.n_chunks) {
+            return Err(format!(
+                "the handle says n_chunks = {}, a queue has 1..={MAX_CHUNKS}",
+                self.n_chunks
+            ));
+        }
+        if !(1..=MAX_CHUNK_BYTES).contains(&self.max_chunk_bytes) {
+            return Err(format!(
+                "the handle says max_chunk_bytes = {}, a chunk holds 1..={MAX_CHUNK_BYTES}",
+                self.max_chunk_bytes
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -130,52 +165,69 @@ impl Segment {
         Ok(Segment { shm, geometry })
     }
 
-    /// Maps an existing segment; `magic` and geometry are checked by [`Segment::validate`].
-    pub fn open(name: &str, geometry: Geometry) -> Result<Segment, QueueError> {
+    /// Maps an existing segment and checks, before anything else reads it,
+    /// that the mapping is large enough for `geometry` (from the handle) and
+    /// that the header, once initialised, agrees with it and `n_readers`.
+    /// Afterwards only the checked `geometry` is used, never the header's.
+    pub fn open(name: &str, geometry: Geometry, n_readers: usize) -> Result<Segment, QueueError> {
+        let corrupt = |what: String| QueueError::Corrupt {
+            queue: name.to_string(),
+            what,
+        };
+        let need = geometry.total_bytes().ok_or_else(|| {
+            corrupt(format!(
+                "the handle's geometry {geometry:?} does not fit in the address space; the handle is damaged"
+            ))
+        })?;
         let mut shm = ShmemConf::new()
             .os_id(name)
             .open()
             .map_err(|e| shm_err(name, "open", e))?;
         shm.set_owner(false);
-        Ok(Segment { shm, geometry })
-    }
-
-    /// Checks that the mapping is large enough for the geometry and that the
-    /// header, once initialised, agrees with it.
-    pub fn validate(&self, n_readers: usize) -> Result<(), QueueError> {
-        let corrupt = |detail: String| QueueError::Corrupt {
-            name: self.name().to_string(),
-            detail,
-        };
-        let need = self.geometry.total_bytes().unwrap_or(usize::MAX);
-        if self.shm.len() < need {
+        if shm.len() < need {
             return Err(corrupt(format!(
-                "segment has {} bytes, the handle's geometry needs {need}",
-                self.shm.len()
+                "the segment has {} bytes but {} chunks of {} bytes need {need}; \
+                 the handle does not describe this segment, or the writer is broken",
+                shm.len(),
+                geometry.n_chunks,
+                geometry.max_chunk_bytes
             )));
         }
-        let h = self.header();
-        if h.magic.load(Ordering::Acquire) != MAGIC {
-            return Err(corrupt(
-                "bad magic (not initialised or another layout version)".into(),
-            ));
-        }
-        let found = (
-            h.n_readers.load(Ordering::Relaxed) as usize,
-            h.n_chunks.load(Ordering::Relaxed) as usize,
-            h.max_chunk_bytes.load(Ordering::Relaxed) as usize,
-        );
-        let want = (
-            n_readers,
-            self.geometry.n_chunks,
-            self.geometry.max_chunk_bytes,
-        );
-        if found != want {
+        let seg = Segment { shm, geometry };
+        let h = seg.header();
+        let magic = h.magic.load(Ordering::Acquire);
+        if magic != MAGIC {
             return Err(corrupt(format!(
-                "header says (readers, chunks, chunk bytes) = {found:?}, handle says {want:?}"
+                "the header's magic is {magic:#018x}, not {MAGIC:#018x}: the segment is not \
+                 initialised or was made by a build with another layout; run the same build everywhere"
             )));
         }
-        Ok(())
+        let fields = [
+            (
+                "n_readers",
+                u64::from(h.n_readers.load(Ordering::Relaxed)),
+                n_readers,
+            ),
+            (
+                "n_chunks",
+                u64::from(h.n_chunks.load(Ordering::Relaxed)),
+                geometry.n_chunks,
+            ),
+            (
+                "max_chunk_bytes",
+                h.max_chunk_bytes.load(Ordering::Relaxed),
+                geometry.max_chunk_bytes,
+            ),
+        ];
+        for (field, found, want) in fields {
+            if found != want as u64 {
+                return Err(corrupt(format!(
+                    "the header says {field} = {found} but the handle says {want}; \
+                     the handle belongs to another queue, or the writer is broken or hostile"
+                )));
+            }
+        }
+        Ok(seg)
     }
 
     /// The segment's name.
@@ -191,7 +243,7 @@ impl Segment {
     /// The header.
     pub fn header(&self) -> &Header {
         // SAFETY: the mapping is page aligned and at least `total_bytes` long
-        // (checked at create / validate), it is zero-filled or initialised, and
+        // (checked at create / open), it is zero-filled or initialised, and
         // every field of `Header` is an atomic, valid for any bit pattern.
         unsafe { &*(self.shm.as_ptr() as *const Header) }
     }
@@ -240,19 +292,25 @@ impl Blob {
         Ok(Blob { shm })
     }
 
-    /// Opens an overflow segment and checks it can hold `len` payload bytes.
-    pub fn open(name: &str, len: usize) -> Result<Blob, QueueError> {
+    /// Opens overflow segment `name` of queue `queue` and checks, against
+    /// the mapping's real size, that it holds the `len` payload bytes the
+    /// chunk claims.
+    pub fn open(queue: &str, name: &str, len: usize) -> Result<Blob, QueueError> {
         let mut shm = ShmemConf::new()
             .os_id(name)
             .open()
             .map_err(|e| shm_err(name, "open", e))?;
         shm.set_owner(false);
-        if shm.len() < BLOB_HEADER + len {
+        if BLOB_HEADER
+            .checked_add(len)
+            .is_none_or(|need| shm.len() < need)
+        {
             return Err(QueueError::Corrupt {
-                name: name.to_string(),
-                detail: format!(
-                    "overflow segment has {} bytes, message needs {len}",
-                    shm.len()
+                queue: queue.to_string(),
+                what: format!(
+                    "its chunk claims a {len}-byte overflow message but segment `{name}` \
+                     holds {} bytes; the writer process is broken or hostile",
+                    shm.len().saturating_sub(BLOB_HEADER)
                 ),
             });
         }

@@ -15,7 +15,11 @@
 //!   the last process exits, whatever the cause). Until then, names carry
 //!   their owner's pid and start time, so a reader that finds the owner dead
 //!   and every new writer unlink the segments of dead owners.
-//! - **Encoding** (`codec.rs`): serde over bincode 2, fixed-width integers.
+//! - **Encoding** (`codec.rs`): serde over postcard.
+//! - **Distrust**: every length, kind, sequence number, pid and size read
+//!   from shared memory or a handle is checked before use; a bad one is
+//!   [`QueueError::Corrupt`] naming the queue and the field, never a panic,
+//!   an out-of-bounds read or a hang (`tests_corrupt.rs` tries each field).
 //!
 //! ```no_run
 //! use host::message_queue::{MessageQueue, QueueConfig};
@@ -39,6 +43,8 @@ pub(crate) mod process;
 mod queue;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_corrupt;
 pub(crate) mod wait;
 
 use std::time::Duration;
@@ -85,13 +91,14 @@ impl Default for QueueConfig {
 
 impl QueueConfig {
     fn validate(&self) -> Result<(), QueueError> {
-        if self.n_chunks == 0 || self.n_chunks > 1 << 16 {
+        if !(1..=layout::MAX_CHUNKS).contains(&self.n_chunks) {
             return Err(QueueError::InvalidConfig(format!(
-                "n_chunks = {}; use 1..=65536",
-                self.n_chunks
+                "n_chunks = {}; use 1..={}",
+                self.n_chunks,
+                layout::MAX_CHUNKS
             )));
         }
-        if self.max_chunk_bytes == 0 || self.max_chunk_bytes > 1 << 30 {
+        if !(1..=layout::MAX_CHUNK_BYTES).contains(&self.max_chunk_bytes) {
             return Err(QueueError::InvalidConfig(format!(
                 "max_chunk_bytes = {}; use 1..=1 GiB (larger messages overflow automatically)",
                 self.max_chunk_bytes

@@ -14,6 +14,12 @@
 //! Because `written` is a sequence number, a reader never mistakes the
 //! previous lap's message for its own. `model.rs` checks these steps over
 //! every interleaving.
+//!
+//! Another process can write anything into the segment, so every value read
+//! from it is checked before use, at the cost of a compare each: a length
+//! against the chunk or the overflow mapping, a kind against the two kinds,
+//! a sequence number against the only two values the protocol allows, a
+//! pid against the range of pids. A bad one is [`QueueError::Corrupt`].
 
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
@@ -137,6 +143,17 @@ impl MessageQueue {
         let shm = handle.shm.as_ref().ok_or_else(|| {
             QueueError::Unsupported("handle has local ranks but no segment".into())
         })?;
+        let corrupt = |what: String| QueueError::Corrupt {
+            queue: shm.name.clone(),
+            what: format!("{what}; the handle was damaged or made by another build"),
+        };
+        let n_local = handle.local_reader_ranks.len();
+        // `slot` indexes arrays of MAX_READERS and bits of a u64.
+        if n_local > MAX_READERS {
+            return Err(corrupt(format!(
+                "the handle lists {n_local} local reader ranks, a queue has at most {MAX_READERS}"
+            )));
+        }
         let owner = ProcessId {
             pid: shm.owner_pid,
             start_time: shm.owner_start_time,
@@ -145,22 +162,22 @@ impl MessageQueue {
             n_chunks: shm.n_chunks,
             max_chunk_bytes: shm.max_chunk_bytes,
         };
-        let seg = match Segment::open(&shm.name, geometry) {
-            Err(_) if !owner.is_alive() => {
+        geometry.check_limits().map_err(corrupt)?;
+        let seg = match Segment::open(&shm.name, geometry, n_local) {
+            Err(QueueError::Shm { .. }) if !owner.is_alive() => {
                 process::unlink_with_prefix(&shm.name);
                 return Err(QueueError::WriterDead { pid: owner.pid });
             }
             r => r?,
         };
-        seg.validate(handle.local_reader_ranks.len())?;
         if !owner.is_alive() {
             process::unlink_with_prefix(&shm.name);
             return Err(QueueError::WriterDead { pid: owner.pid });
         }
         let h = seg.header();
         let bit = 1u64 << slot;
-        let all = all_bits(handle.local_reader_ranks.len());
-        let me = std::process::id();
+        let all = all_bits(n_local);
+        let me = ProcessId::current();
         let before = h.attached.fetch_or(bit, Ordering::AcqRel);
         if before & bit != 0 {
             return Err(QueueError::AlreadyAttached {
@@ -168,8 +185,11 @@ impl MessageQueue {
                 pid: h.reader_pids[slot].load(Ordering::Relaxed),
             });
         }
-        h.reader_pids[slot].store(me, Ordering::Relaxed);
-        if before | bit == all {
+        // The pid goes last (Release): whoever sees it sees the start time.
+        h.reader_starts[slot].store(me.start_time, Ordering::Relaxed);
+        h.reader_pids[slot].store(me.pid, Ordering::Release);
+        // Bits beyond the readers mean nothing (a peer may have set them).
+        if (before | bit) & all == all {
             process::unlink(&shm.name);
         }
         h.space_bell.ring();
@@ -177,7 +197,7 @@ impl MessageQueue {
         Ok(MessageQueue {
             seg,
             role,
-            n_readers: handle.local_reader_ranks.len(),
+            n_readers: n_local,
             owner,
             spin_window: QueueConfig::default().spin_window,
             next: Cell::new(0),
@@ -205,7 +225,7 @@ impl MessageQueue {
         }
         let h = self.seg.header();
         let all = all_bits(self.n_readers);
-        let attached = || h.attached.load(Ordering::Acquire) == all;
+        let attached = || h.attached.load(Ordering::Acquire) & all == all;
         match wait_until(
             &h.space_bell,
             self.spin_window,
@@ -312,7 +332,13 @@ impl MessageQueue {
         let chunk = self.chunk_of(seq);
         let meta = self.seg.meta(chunk);
         let h = self.seg.header();
-        let ready = || meta.written.load(Ordering::Acquire) > seq;
+        let n_chunks = self.seg.geometry().n_chunks as u64;
+        // Until message `seq` is published the chunk holds the previous
+        // lap's (or nothing, 0); any change means ours arrived, or the
+        // number went backwards or skipped ahead, which is caught below
+        // instead of waited on.
+        let previous = (seq + 1).saturating_sub(n_chunks);
+        let ready = || meta.written.load(Ordering::Acquire) != previous;
         let live = || !self.is_shut_down() && self.owner.is_alive();
         let started = Instant::now();
         if wait_until(&h.data_bell, self.spin_window, timeout, ready, live).is_err() && !ready() {
@@ -333,43 +359,60 @@ impl MessageQueue {
             });
         }
         let written = meta.written.load(Ordering::Acquire);
-        let len = meta.len.load(Ordering::Relaxed) as usize;
-        let corrupt = |detail: String| QueueError::Corrupt {
-            name: self.seg.name().to_string(),
-            detail,
-        };
         if written != seq + 1 {
-            return Err(corrupt(format!(
-                "reader {rank} expected message {seq} in chunk {chunk}, found {}",
-                written - 1
+            return Err(self.corrupt(format!(
+                "chunk {chunk}'s sequence number is {written} where reader {rank} expects \
+                 {} (message {seq}) or, until it is sent, {previous}: it went backwards or \
+                 skipped ahead further than a ring of {n_chunks} chunks allows; {WRITER_AT_FAULT}",
+                seq + 1
             )));
         }
+        let claimed = meta.len.load(Ordering::Relaxed);
+        let cap = self.seg.geometry().max_chunk_bytes;
         let out = match meta.kind.load(Ordering::Relaxed) {
-            KIND_INLINE if len <= self.seg.geometry().max_chunk_bytes => {
+            KIND_INLINE => {
+                let len = usize::try_from(claimed)
+                    .ok()
+                    .filter(|&len| len <= cap)
+                    .ok_or_else(|| {
+                        self.corrupt(format!(
+                            "chunk {chunk} claims {claimed} bytes but a chunk holds {cap}; {WRITER_AT_FAULT}"
+                        ))
+                    })?;
                 // SAFETY: `written == seq + 1` was read with Acquire, so the
-                // payload is complete; the writer does not touch the chunk
-                // until our read flag is set below.
+                // payload is complete; `len` is within the chunk; the writer
+                // does not touch the chunk until our read flag is set below.
                 f(unsafe { std::slice::from_raw_parts(self.seg.chunk_ptr(chunk), len) })
             }
             KIND_OVERFLOW => {
+                let len = usize::try_from(claimed).map_err(|_| {
+                    self.corrupt(format!(
+                        "chunk {chunk} claims a {claimed}-byte overflow message, more than \
+                         this machine addresses; {WRITER_AT_FAULT}"
+                    ))
+                })?;
                 let name = process::overflow_name(self.seg.name(), seq);
-                let blob = Blob::open(&name, len).map_err(|e| {
+                let blob = Blob::open(self.seg.name(), &name, len).map_err(|e| {
                     if self.is_shut_down() {
                         QueueError::Shutdown
                     } else {
                         e
                     }
                 })?;
-                if blob.opened().fetch_add(1, Ordering::AcqRel) + 1 == self.n_readers as u32 {
+                // Compared before the increment, so a garbage count cannot overflow.
+                let last = (self.n_readers - 1) as u32;
+                if blob.opened().fetch_add(1, Ordering::AcqRel) == last {
                     process::unlink(&name);
                 }
-                // SAFETY: the writer finished the blob before publishing it and
-                // never writes it again.
+                // SAFETY: `Blob::open` checked that the mapping holds `len`
+                // payload bytes; the writer finished the blob before
+                // publishing it and never writes it again.
                 f(unsafe { std::slice::from_raw_parts(blob.payload_ptr(), len) })
             }
             kind => {
-                return Err(corrupt(format!(
-                    "chunk {chunk} has kind {kind} and length {len}"
+                return Err(self.corrupt(format!(
+                    "chunk {chunk} has kind {kind}, neither inline ({KIND_INLINE}) nor \
+                     overflow ({KIND_OVERFLOW}); {WRITER_AT_FAULT}"
                 )))
             }
         };
@@ -400,6 +443,14 @@ impl MessageQueue {
         h.space_bell.ring();
     }
 
+    /// The error for a value in the segment that the protocol forbids.
+    fn corrupt(&self, what: String) -> QueueError {
+        QueueError::Corrupt {
+            queue: self.seg.name().to_string(),
+            what,
+        }
+    }
+
     fn is_shut_down(&self) -> bool {
         self.seg.header().shutdown.load(Ordering::SeqCst) != 0
     }
@@ -421,6 +472,7 @@ impl MessageQueue {
         }
         let seq = self.next.get();
         let chunk = self.chunk_of(seq);
+        let chunks = self.seg.geometry().n_chunks;
         let meta = self.seg.meta(chunk);
         let flags = &meta.read.0[..self.n_readers];
         let free = || flags.iter().all(|f| f.load(Ordering::Acquire) == 1);
@@ -428,11 +480,15 @@ impl MessageQueue {
             let h = self.seg.header();
             let attached = h.attached.load(Ordering::Acquire);
             (0..self.n_readers)
-                .filter(|&r| flags[r].load(Ordering::Acquire) == 0)
+                .filter(|&r| flags[r].load(Ordering::Acquire) != 1)
                 .map(|r| {
-                    let pid = (attached & (1 << r) != 0)
-                        .then(|| h.reader_pids[r].load(Ordering::Relaxed));
-                    let alive = pid.is_none_or(|pid| ProcessId { pid, start_time: 0 }.is_alive());
+                    // A pid of 0: attached, but its pid is not stored yet.
+                    let pid = h.reader_pids[r].load(Ordering::Acquire);
+                    let pid = (attached & (1 << r) != 0 && pid != 0).then_some(pid);
+                    let alive = pid.is_none_or(|pid| {
+                        let start_time = h.reader_starts[r].load(Ordering::Relaxed);
+                        ProcessId { pid, start_time }.is_alive()
+                    });
                     ReaderLag {
                         rank: r,
                         pid,
@@ -457,19 +513,28 @@ impl MessageQueue {
                     return Err(QueueError::Shutdown);
                 }
                 debug_assert!(matches!(end, WaitEnd::TimedOut | WaitEnd::Stopped));
-                let chunks = self.seg.geometry().n_chunks;
+                let behind = lagging();
+                let Some(oldest) = seq.checked_sub(chunks as u64) else {
+                    return Err(self.corrupt(format!(
+                        "the read flags of chunk {chunk} say {} still read a message there, \
+                         but none was ever written to it; those reader processes are broken or hostile",
+                        behind.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(", ")
+                    )));
+                };
                 return Err(QueueError::Full {
                     seq,
                     waited: started.elapsed(),
                     chunks,
-                    oldest: seq - chunks as u64,
-                    behind: lagging(),
+                    oldest,
+                    behind,
                 });
             }
         }
-        let previous = meta.written.load(Ordering::Relaxed);
-        if previous != 0 && meta.kind.load(Ordering::Relaxed) == KIND_OVERFLOW {
-            process::unlink(&process::overflow_name(self.seg.name(), previous - 1));
+        // The chunk's last message is known here, not read from the segment.
+        if let Some(previous) = seq.checked_sub(chunks as u64) {
+            if meta.kind.load(Ordering::Relaxed) == KIND_OVERFLOW {
+                process::unlink(&process::overflow_name(self.seg.name(), previous));
+            }
         }
         Ok(chunk)
     }
@@ -502,6 +567,17 @@ impl Drop for MessageQueue {
         }
     }
 }
+
+#[cfg(test)]
+impl MessageQueue {
+    /// The mapped segment, for tests that write into it as a hostile peer would.
+    pub(super) fn segment(&self) -> &Segment {
+        &self.seg
+    }
+}
+
+/// The end of a [`QueueError::Corrupt`] message about a value only the writer writes.
+const WRITER_AT_FAULT: &str = "the writer process is broken or hostile";
 
 fn all_bits(n: usize) -> u64 {
     if n >= 64 {
