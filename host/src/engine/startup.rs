@@ -74,8 +74,9 @@ pub fn build_engine_core(config: &EngineConfig) -> anyhow::Result<(EngineCore, T
         config.model.max_model_len > 0,
     )?;
     if !config.plugins.logits_processors.is_empty() || !config.plugins.sampler.is_empty() {
-        let plugins = serde_json::to_string(&config.plugins)?;
-        executor.call("load_logits_processors", RpcValue::Json(plugins), None, timeout)?;
+        // The workers load what their own copy of the operator's [plugins]
+        // names; the call carries nothing a caller could widen.
+        executor.call("load_logits_processors", RpcValue::Unit, None, timeout)?;
     }
     spinner.finish_and_clear();
     let sched = &config.scheduler;
