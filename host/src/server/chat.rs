@@ -11,7 +11,9 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
+use super::fields::{self, Endpoint};
 use super::generate::{self, token_text, Choice};
+use super::limits;
 use super::params;
 use super::protocol::{ChatCompletionRequest, SamplingRequest, Usage};
 use super::sse::{self, ChunkFormat};
@@ -26,7 +28,8 @@ pub async fn create(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = super::request_object(body)?;
-    params::refuse_unsupported(&body)?;
+    limits::check_chat(&body, &app.config)?;
+    fields::check_fields(&body, Endpoint::Chat)?;
     let req: ChatCompletionRequest = params::typed(&body)?;
     app.check_model(req.model.as_deref())?;
     let logprobs = match (req.logprobs, req.top_logprobs) {
@@ -47,16 +50,19 @@ pub async fn create(
         .tokenizer
         .apply_chat_template(&messages, req.add_generation_prompt)
         .map_err(|e| ApiError::field("messages", e))?;
-    // The template writes the special tokens itself.
+    // The template writes the special tokens itself, unless asked otherwise.
     let prompt = app
         .tokenizer
-        .encode(&text, false)
+        .encode(&text, req.add_special_tokens)
         .map_err(|e| ApiError::field("messages", e))?;
     let sampling: SamplingRequest = params::typed(&body)?;
     // As in vLLM, an unset max_tokens lets the answer run to the context's end.
     let defaulted = sampling.max_tokens.is_none() && sampling.max_completion_tokens.is_none();
     let params =
         params::sampling_params(&sampling, logprobs, app.default_max_tokens(prompt.len()))?;
+    let max_model_len = app.client.max_model_len();
+    let max_tokens = (sampling.max_tokens_field(), params.max_tokens);
+    limits::check_context("messages", prompt.len(), max_tokens, max_model_len)?;
     let id = app.next_request_id("chatcmpl");
     let seqs = generate::start(&app, &id, vec![prompt], &params, sampling.priority.unwrap_or(0))
         .await

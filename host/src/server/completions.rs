@@ -11,7 +11,9 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
+use super::fields::{self, Endpoint};
 use super::generate::{self, token_text, Choice};
+use super::limits;
 use super::params::{self, PromptInput};
 use super::protocol::{CompletionRequest, SamplingRequest, Usage};
 use super::sse::{self, ChunkFormat};
@@ -29,15 +31,27 @@ pub async fn create(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = super::request_object(body)?;
-    params::refuse_unsupported(&body)?;
+    let max_model_len = app.client.max_model_len();
+    limits::check_completion(&body, &app.config, max_model_len)?;
+    fields::check_fields(&body, Endpoint::Completions)?;
     let req: CompletionRequest = params::typed(&body)?;
     app.check_model(req.model.as_deref())?;
     let sampling: SamplingRequest = params::typed(&body)?;
     let params = params::sampling_params(&sampling, req.logprobs, DEFAULT_MAX_TOKENS)?;
     let prompts = params::prompts_of(&req.prompt)?
         .into_iter()
-        .map(|p| app.tokenize_prompt(p))
+        .map(|p| app.tokenize_prompt(p, req.add_special_tokens))
         .collect::<Result<Vec<_>, _>>()?;
+    let one = prompts.len() == 1;
+    let max_tokens = (sampling.max_tokens_field(), params.max_tokens);
+    for (i, prompt) in prompts.iter().enumerate() {
+        let field = if one {
+            "prompt".to_string()
+        } else {
+            format!("prompt[{i}]")
+        };
+        limits::check_context(&field, prompt.len(), max_tokens, max_model_len)?;
+    }
     let id = app.next_request_id("cmpl");
     let seqs = generate::start(&app, &id, prompts, &params, sampling.priority.unwrap_or(0)).await?;
     let format = Format {
@@ -55,12 +69,18 @@ pub async fn create(
 }
 
 impl AppState {
-    /// A completion prompt's token ids; ids outside the vocabulary are refused.
-    fn tokenize_prompt(&self, prompt: PromptInput) -> Result<Vec<u32>, ApiError> {
+    /// A completion prompt's token ids (text tokenized with the special
+    /// tokens when `add_special_tokens`); ids outside the vocabulary are
+    /// refused.
+    fn tokenize_prompt(
+        &self,
+        prompt: PromptInput,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, ApiError> {
         match prompt {
             PromptInput::Text(text) => self
                 .tokenizer
-                .encode(&text, true)
+                .encode(&text, add_special_tokens)
                 .map_err(|e| ApiError::field("prompt", e)),
             PromptInput::Tokens(ids) => {
                 let vocab = self.tokenizer.vocab_size();

@@ -6,6 +6,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::error::ApiError;
+use super::fields::{IGNORED_NAME_CHARS, TOOLS};
 use super::protocol::{MessageContent, RequestMessage, SamplingRequest, StopField};
 use crate::sampling::{SamplingParams, SamplingParamsError};
 use crate::tokenizer::ChatMessage;
@@ -46,48 +47,6 @@ pub fn typed<T: DeserializeOwned>(body: &Value) -> Result<T, ApiError> {
 fn missing_field(message: &str) -> Option<String> {
     let rest = message.strip_prefix("missing field `")?;
     Some(rest.split('`').next()?.to_string())
-}
-
-/// Fields some clients send that this server does not implement; a request
-/// that sets one is refused rather than silently answered without it.
-const UNSUPPORTED: &[(&str, &str)] = &[
-    ("echo", "echoing the prompt is not supported"),
-    ("suffix", "suffixes are not supported"),
-    (
-        "logit_bias",
-        "logit_bias is not supported; a sampler plugin can take it through extra_args",
-    ),
-    ("tools", "tool calling is not supported"),
-    ("functions", "function calling is not supported"),
-    ("response_format", "structured output is not supported"),
-];
-
-/// Refuses a request that sets an unsupported field to anything but its
-/// neutral value (`null`, `false`, empty, or `best_of` ≤ 1).
-pub fn refuse_unsupported(body: &Value) -> Result<(), ApiError> {
-    let neutral = |v: &Value| match v {
-        Value::Null | Value::Bool(false) => true,
-        Value::String(s) => s.is_empty(),
-        Value::Array(a) => a.is_empty(),
-        Value::Object(o) => o.is_empty() || o.get("type").and_then(Value::as_str) == Some("text"),
-        Value::Number(_) | Value::Bool(true) => false,
-    };
-    for (field, why) in UNSUPPORTED {
-        if body.get(*field).is_some_and(|v| !neutral(v)) {
-            return Err(ApiError::field(field, why));
-        }
-    }
-    if body
-        .get("best_of")
-        .and_then(Value::as_u64)
-        .is_some_and(|b| b > 1)
-    {
-        return Err(ApiError::field(
-            "best_of",
-            "best_of > 1 is not supported; use n",
-        ));
-    }
-    Ok(())
 }
 
 /// The sampling parameters of a request, validated. `logprobs` is the
@@ -216,7 +175,8 @@ pub fn prompts_of(prompt: &Value) -> Result<Vec<PromptInput>, ApiError> {
 }
 
 /// The chat request's messages as the chat template takes them; text parts
-/// are joined, any other part type is refused.
+/// are joined, any other part type is refused, and so is a role the
+/// template is not given.
 pub fn chat_messages(messages: &[RequestMessage]) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::field(
@@ -253,9 +213,33 @@ pub fn chat_messages(messages: &[RequestMessage]) -> Result<Vec<ChatMessage>, Ap
                     text
                 }
             };
-            Ok(ChatMessage::new(m.role.clone(), content))
+            Ok(ChatMessage::new(role(i, &m.role)?, content))
         })
         .collect()
+}
+
+/// The role the chat template is given for a message's `role`: `system`,
+/// `user` and `assistant` as they are, and `developer` (OpenAI's newer
+/// name for the system message) as `system`, since templates know only
+/// that one.
+fn role(index: usize, role: &str) -> Result<&'static str, ApiError> {
+    let field = || format!("messages[{index}].role");
+    match role {
+        "system" | "developer" => Ok("system"),
+        "user" => Ok("user"),
+        "assistant" => Ok("assistant"),
+        "tool" | "function" => Err(ApiError::field(
+            &field(),
+            format!("is `{role}`; {TOOLS}"),
+        )),
+        other => Err(ApiError::field(
+            &field(),
+            format!(
+                "is `{}`; the roles accepted are system, developer (taken as system), user and assistant",
+                other.chars().take(IGNORED_NAME_CHARS).collect::<String>()
+            ),
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -413,23 +397,31 @@ mod tests {
     }
 
     #[test]
-    fn unsupported_fields_are_refused_unless_neutral() {
-        assert!(refuse_unsupported(&json!({"echo": false, "tools": [], "best_of": 1})).is_ok());
-        assert!(refuse_unsupported(&json!({"response_format": {"type": "text"}})).is_ok());
-        for (body, field) in [
-            (json!({"echo": true}), "echo"),
-            (json!({"logit_bias": {"5": 1}}), "logit_bias"),
-            (json!({"best_of": 2}), "best_of"),
-            (
-                json!({"response_format": {"type": "json_object"}}),
-                "response_format",
-            ),
-        ] {
-            assert_eq!(
-                refuse_unsupported(&body).unwrap_err().param.as_deref(),
-                Some(field),
-                "{body}"
+    fn roles_are_checked_and_developer_is_system() {
+        let msgs = |role: &str| {
+            let req: ChatCompletionRequest =
+                typed(&json!({"messages": [{"role": "user", "content": "a"}, {"role": role, "content": "b"}]}))
+                    .unwrap();
+            chat_messages(&req.messages)
+        };
+        for role in ["system", "user", "assistant"] {
+            assert_eq!(msgs(role).unwrap()[1], ChatMessage::new(role, "b"));
+        }
+        assert_eq!(
+            msgs("developer").unwrap()[1],
+            ChatMessage::new("system", "b")
+        );
+        for role in ["bot", "tool", "function", "System", ""] {
+            let e = msgs(role).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("messages[1].role"), "{role}");
+            assert!(
+                e.message.contains("system") || e.message.contains("tool"),
+                "{e:?}"
             );
         }
+        assert!(msgs("bot")
+            .unwrap_err()
+            .message
+            .contains("system, developer (taken as system), user and assistant"));
     }
 }

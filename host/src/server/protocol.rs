@@ -4,8 +4,10 @@
 //!
 //! Requests are read in two parts from the same JSON object: the endpoint's
 //! own fields (`CompletionRequest`, `ChatCompletionRequest`) and the sampling
-//! fields both endpoints share (`SamplingRequest`). Unknown fields are
-//! ignored, as vLLM and OpenAI do, so clients that send extra keys work.
+//! fields both endpoints share (`SamplingRequest`). These structs are the
+//! list of the fields this server honours; the fields OpenAI or vLLM define
+//! beyond them are refused unless neutral, and any others are ignored with
+//! a warning in the log, as vLLM does (`fields::check_fields`).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -36,6 +38,10 @@ pub struct CompletionRequest {
     /// Top log-probabilities to return per token (0..=20); `None` for none.
     #[serde(default)]
     pub logprobs: Option<u32>,
+    /// Add the tokenizer's special tokens (BOS) to text prompts (default
+    /// true, as in vLLM).
+    #[serde(default = "yes")]
+    pub add_special_tokens: bool,
 }
 
 /// Message content: a string, or a list of parts of which only `text`
@@ -63,7 +69,7 @@ pub struct ContentPart {
 /// One message of a chat request.
 #[derive(Clone, Debug, Deserialize)]
 pub struct RequestMessage {
-    /// `system`, `user`, `assistant`, ...
+    /// `system`, `developer` (taken as `system`), `user` or `assistant`.
     pub role: String,
     /// The message text; `null` is taken as empty.
     #[serde(default)]
@@ -94,6 +100,10 @@ pub struct ChatCompletionRequest {
     /// Open the assistant's turn after the messages (default true).
     #[serde(default = "yes")]
     pub add_generation_prompt: bool,
+    /// Add the tokenizer's special tokens (BOS) on top of what the chat
+    /// template writes (default false, as in vLLM).
+    #[serde(default)]
+    pub add_special_tokens: bool,
 }
 
 fn yes() -> bool {
@@ -155,6 +165,18 @@ pub struct SamplingRequest {
     pub vllm_xargs: Option<serde_json::Map<String, Value>>,
     /// Scheduling priority under the priority policy (smaller runs first).
     pub priority: Option<i32>,
+}
+
+impl SamplingRequest {
+    /// The field the request's `max_tokens` came from, for error messages:
+    /// `max_completion_tokens` wins when both are set.
+    pub fn max_tokens_field(&self) -> &'static str {
+        if self.max_completion_tokens.is_some() {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        }
+    }
 }
 
 /// Token counts of a request.

@@ -1,0 +1,473 @@
+//! Which request fields this server honours, refuses or ignores. Every
+//! field OpenAI or vLLM defines on the generation endpoints is either read
+//! by the `protocol` structs (honoured) or listed here: refused with a 400
+//! unless sent at its neutral value, or accepted because it cannot change
+//! the answer. Anything else is unknown to both and, as vLLM does, ignored
+//! with a warning naming it.
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use super::error::ApiError;
+use super::protocol::{ChatCompletionRequest, CompletionRequest, RequestMessage, SamplingRequest};
+
+/// Which endpoint a body was sent to: each reads its own fields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/v1/completions`.
+    Completions,
+    /// `/v1/chat/completions`.
+    Chat,
+}
+
+/// Whether a field's value asks for nothing, so that a field this server
+/// does not implement may still be sent at it.
+type Neutral = fn(&Value) -> bool;
+
+/// `null`, `false`, `""`, `[]` or `{}`: the field is not used.
+fn unset(v: &Value) -> bool {
+    match v {
+        Value::Null | Value::Bool(false) => true,
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        Value::Number(_) | Value::Bool(true) => false,
+    }
+}
+
+/// `null` or `true`: the default of a switch this server always has on.
+fn unset_or_true(v: &Value) -> bool {
+    matches!(v, Value::Null | Value::Bool(true))
+}
+
+/// `null` or 1, the neutral value of a count or factor.
+fn unset_or_one(v: &Value) -> bool {
+    v.is_null() || v.as_f64() == Some(1.0)
+}
+
+/// `null` or `{"type": "text"}`: plain text, what every answer is.
+fn text_format(v: &Value) -> bool {
+    v.is_null() || v.get("type").and_then(Value::as_str) == Some("text")
+}
+
+/// `null`, `[]` or `["text"]`: text output, what every answer is.
+fn text_modalities(v: &Value) -> bool {
+    unset(v) || v.as_array().is_some_and(|m| m.len() == 1 && m[0] == "text")
+}
+
+/// `null`, `"none"` or `"auto"`: no tool call is forced, and with `tools`
+/// refused there is none the model could choose.
+fn no_forced_call(v: &Value) -> bool {
+    v.is_null() || matches!(v.as_str(), Some("none" | "auto"))
+}
+
+/// Why the structured-output fields are refused.
+const STRUCTURED: &str =
+    "structured output (guided decoding, JSON mode) is not supported; describe the format in the prompt";
+/// Why the tool-calling fields (and the `tool` role) are refused.
+pub(super) const TOOLS: &str = "tool and function calling are not supported";
+
+/// Fields OpenAI or vLLM define that this server does not implement: a
+/// request that sets one to anything but its neutral value is refused,
+/// never answered as if it had not asked. Both endpoints share the table;
+/// a field only the other endpoint defines is refused the same way.
+const UNSUPPORTED: &[(&str, Neutral, &str)] = &[
+    ("response_format", text_format, STRUCTURED),
+    ("guided_json", unset, STRUCTURED),
+    ("guided_regex", unset, STRUCTURED),
+    ("guided_choice", unset, STRUCTURED),
+    ("guided_grammar", unset, STRUCTURED),
+    ("guided_decoding_backend", unset, STRUCTURED),
+    ("guided_whitespace_pattern", unset, STRUCTURED),
+    ("structured_outputs", unset, STRUCTURED),
+    ("structural_tag", unset, STRUCTURED),
+    ("tools", unset, TOOLS),
+    ("tool_choice", no_forced_call, TOOLS),
+    ("functions", unset, TOOLS),
+    ("function_call", no_forced_call, TOOLS),
+    ("echo", unset, "echoing the prompt is not supported; the client has it already"),
+    ("suffix", unset, "suffixes (fill in the middle) are not supported"),
+    ("prompt_embeds", unset, "prompt embeddings are not supported; send text or token ids"),
+    ("prompt_logprobs", unset, "prompt logprobs are not supported; `logprobs` gives the generated tokens'"),
+    ("truncate_prompt_tokens", unset, "prompt truncation is not supported; shorten the prompt"),
+    ("best_of", unset_or_one, "best_of other than 1 is not supported; use n for more choices"),
+    ("use_beam_search", unset, "beam search is not supported"),
+    ("length_penalty", unset_or_one, "length_penalty applies to beam search, which is not supported"),
+    (
+        "logit_bias",
+        unset,
+        "logit_bias is not supported; a sampler plugin can take it through extra_args",
+    ),
+    (
+        "allowed_token_ids",
+        unset,
+        "allowed_token_ids is not supported; a logits-processor plugin can restrict tokens through extra_args",
+    ),
+    (
+        "bad_words",
+        unset,
+        "bad_words is not supported; a logits-processor plugin can ban tokens through extra_args",
+    ),
+    (
+        "logits_processors",
+        unset,
+        "per-request logits processors are not supported; load a plugin (docs/plugins.md) and pass its arguments in extra_args",
+    ),
+    ("spaces_between_special_tokens", unset_or_true, "`false` is not supported; only the default, `true`"),
+    ("return_tokens_as_token_ids", unset, "is not supported; logprobs name tokens by their text"),
+    ("return_token_ids", unset, "returning token ids is not supported"),
+    ("chat_template", unset, "per-request chat templates are not supported; the model's own template is used"),
+    ("chat_template_kwargs", unset, "chat template arguments are not supported"),
+    ("documents", unset, "documents are not supported (the chat template is not given them); put them in a message"),
+    ("continue_final_message", unset, "continuing the final message is not supported"),
+    ("mm_processor_kwargs", unset, "multimodal processor arguments are not supported; this model takes text only"),
+    ("audio", unset, "audio output is not supported; this model answers in text"),
+    ("modalities", text_modalities, "modalities other than `text` are not supported"),
+    ("prediction", unset, "predicted outputs are not supported"),
+    ("web_search_options", unset, "web search is not supported"),
+    ("reasoning_effort", unset, "is not supported: this model does not reason"),
+    ("verbosity", unset, "is not supported; ask for the length you want in the prompt"),
+    ("cache_salt", unset, "prefix-cache salting is not supported"),
+    ("kv_transfer_params", unset, "KV transfer (disaggregated serving) is not supported"),
+    ("request_id", unset, "client-chosen request ids are not supported; the server assigns the answer's `id`"),
+    ("store", unset, "stored completions are not supported"),
+];
+
+/// Fields OpenAI or vLLM define that cannot change the answer here, so any
+/// value is accepted: identifiers of the caller, a caching hint, a billing
+/// tier, and switches about tool calls and reasoning, which this server
+/// has neither of.
+const HARMLESS: &[&str] = &[
+    "user",
+    "metadata",
+    "safety_identifier",
+    "prompt_cache_key",
+    "service_tier",
+    "parallel_tool_calls",
+    "include_reasoning",
+];
+
+/// Message fields OpenAI or vLLM define that the chat template here is not
+/// given; refused unless unset.
+const UNSUPPORTED_IN_MESSAGE: &[(&str, &str)] = &[
+    (
+        "name",
+        "participant names are not supported (the chat template is not given them); put the name in the content",
+    ),
+    ("tool_calls", TOOLS),
+    ("tool_call_id", TOOLS),
+    ("function_call", TOOLS),
+    ("audio", "audio is not supported; this model takes text"),
+    (
+        "refusal",
+        "refusals are not supported (the chat template is not given them); put the text in the content",
+    ),
+    (
+        "reasoning_content",
+        "reasoning content is not supported (the chat template is not given it); put it in the content",
+    ),
+];
+
+/// At most this many ignored field names are logged, each cut to
+/// [`IGNORED_NAME_CHARS`]: the log line must not grow with the body.
+const IGNORED_LOGGED: usize = 16;
+/// See [`IGNORED_LOGGED`].
+pub(super) const IGNORED_NAME_CHARS: usize = 64;
+
+/// Refuses fields this server does not implement unless they are at their
+/// neutral value, then logs the fields neither OpenAI nor vLLM defines (and
+/// that are therefore ignored), as vLLM does.
+pub fn check_fields(body: &Value, endpoint: Endpoint) -> Result<(), ApiError> {
+    for (field, neutral, why) in UNSUPPORTED {
+        if body.get(*field).is_some_and(|v| !neutral(v)) {
+            return Err(ApiError::field(field, why));
+        }
+    }
+    if body
+        .pointer("/stream_options/continuous_usage_stats")
+        .is_some_and(|v| !unset(v))
+    {
+        return Err(ApiError::field(
+            "stream_options.continuous_usage_stats",
+            "usage in every chunk is not supported; `include_usage` sends it in a last chunk",
+        ));
+    }
+    if endpoint == Endpoint::Chat {
+        for (i, m) in messages_of(body).enumerate() {
+            for (field, why) in UNSUPPORTED_IN_MESSAGE {
+                if m.get(*field).is_some_and(|v| !unset(v)) {
+                    return Err(ApiError::field(&format!("messages[{i}].{field}"), why));
+                }
+            }
+        }
+    }
+    let (names, count) = ignored_fields(body, endpoint);
+    if count > 0 {
+        let more = count - names.len();
+        let more = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        tracing::warn!(
+            "The following fields were present in the request but ignored: {}{more}",
+            names.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// The body's messages that are objects (others are refused by the typed
+/// reading).
+fn messages_of(body: &Value) -> impl Iterator<Item = &serde_json::Map<String, Value>> {
+    body.get("messages")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_object)
+}
+
+/// The names of the fields neither OpenAI nor vLLM defines for `endpoint`
+/// (message fields as `messages[i].name`), the first [`IGNORED_LOGGED`] of
+/// them cut to [`IGNORED_NAME_CHARS`], and how many there are.
+fn ignored_fields(body: &Value, endpoint: Endpoint) -> (Vec<String>, usize) {
+    let own = match endpoint {
+        Endpoint::Completions => field_names::<CompletionRequest>(),
+        Endpoint::Chat => field_names::<ChatCompletionRequest>(),
+    };
+    let sampling = field_names::<SamplingRequest>();
+    let known = |k: &str| {
+        own.contains(&k)
+            || sampling.contains(&k)
+            || HARMLESS.contains(&k)
+            || UNSUPPORTED.iter().any(|(f, ..)| *f == k)
+    };
+    let top = body
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, _)| k.as_str())
+        .filter(|k| !known(k))
+        .map(|k| k.to_string());
+    let message_fields = field_names::<RequestMessage>();
+    let in_messages = messages_of(body).enumerate().flat_map(|(i, m)| {
+        m.keys()
+            .filter(|k| {
+                !message_fields.contains(&k.as_str())
+                    && !UNSUPPORTED_IN_MESSAGE.iter().any(|(f, _)| f == k)
+            })
+            .map(move |k| format!("messages[{i}].{k}"))
+    });
+    let mut names = Vec::new();
+    let mut count = 0;
+    for name in top.chain(in_messages) {
+        if names.len() < IGNORED_LOGGED {
+            names.push(name.chars().take(IGNORED_NAME_CHARS).collect());
+        }
+        count += 1;
+    }
+    (names, count)
+}
+
+/// The JSON field names a derived `Deserialize` struct reads, as
+/// `serde_derive` hands them to `deserialize_struct`: the structs in
+/// `protocol` are the one list of the fields this server honours.
+fn field_names<T: DeserializeOwned>() -> &'static [&'static str] {
+    use serde::de::{Error, Visitor};
+    struct Probe(&'static [&'static str]);
+    impl<'de> serde::Deserializer<'de> for &mut Probe {
+        type Error = serde::de::value::Error;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(Error::custom("only structs are probed"))
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            self.0 = fields;
+            Err(Error::custom("probed"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+            identifier ignored_any
+        }
+    }
+    let mut probe = Probe(&[]);
+    // The probe always errs: it only records the names.
+    let _ = T::deserialize(&mut probe);
+    probe.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Every field of the table, at a value that asks for something and
+    /// at its neutral value, on both endpoints.
+    #[test]
+    fn unsupported_fields_are_refused_unless_neutral() {
+        let cases: &[(&str, Value, Value)] = &[
+            (
+                "response_format",
+                json!({"type": "json_object"}),
+                json!({"type": "text"}),
+            ),
+            ("guided_json", json!({"type": "object"}), json!(null)),
+            ("guided_regex", json!("[a-z]+"), json!(null)),
+            ("guided_choice", json!(["yes", "no"]), json!(null)),
+            ("guided_grammar", json!("root ::= \"a\""), json!(null)),
+            ("guided_decoding_backend", json!("xgrammar"), json!(null)),
+            ("guided_whitespace_pattern", json!(" *"), json!(null)),
+            ("structured_outputs", json!({"json": {}}), json!(null)),
+            ("structural_tag", json!("{}"), json!(null)),
+            ("tools", json!([{"type": "function"}]), json!([])),
+            ("tool_choice", json!("required"), json!("auto")),
+            ("tool_choice", json!({"type": "function"}), json!("none")),
+            ("functions", json!([{"name": "f"}]), json!(null)),
+            ("function_call", json!({"name": "f"}), json!("none")),
+            ("echo", json!(true), json!(false)),
+            ("suffix", json!("end"), json!("")),
+            ("prompt_embeds", json!("AAAA"), json!(null)),
+            ("prompt_logprobs", json!(0), json!(null)),
+            ("truncate_prompt_tokens", json!(5), json!(null)),
+            ("best_of", json!(2), json!(1)),
+            ("use_beam_search", json!(true), json!(false)),
+            ("length_penalty", json!(0.5), json!(1.0)),
+            ("logit_bias", json!({"5": 1}), json!({})),
+            ("allowed_token_ids", json!([1, 2]), json!(null)),
+            ("bad_words", json!(["x"]), json!([])),
+            ("logits_processors", json!(["m.P"]), json!(null)),
+            ("spaces_between_special_tokens", json!(false), json!(true)),
+            ("return_tokens_as_token_ids", json!(true), json!(false)),
+            ("return_token_ids", json!(true), json!(null)),
+            ("chat_template", json!("{{ x }}"), json!(null)),
+            ("chat_template_kwargs", json!({"k": 1}), json!({})),
+            ("documents", json!([{"text": "d"}]), json!(null)),
+            ("continue_final_message", json!(true), json!(false)),
+            ("mm_processor_kwargs", json!({"k": 1}), json!(null)),
+            ("audio", json!({"voice": "alloy"}), json!(null)),
+            ("modalities", json!(["text", "audio"]), json!(["text"])),
+            ("prediction", json!({"type": "content"}), json!(null)),
+            ("web_search_options", json!({"k": 1}), json!(null)),
+            ("reasoning_effort", json!("high"), json!(null)),
+            ("verbosity", json!("low"), json!(null)),
+            ("cache_salt", json!("salt"), json!(null)),
+            ("kv_transfer_params", json!({"k": 1}), json!(null)),
+            ("request_id", json!("mine"), json!(null)),
+            ("store", json!(true), json!(false)),
+        ];
+        for endpoint in [Endpoint::Completions, Endpoint::Chat] {
+            for (field, asks, neutral) in cases {
+                let e = check_fields(&json!({ *field: asks }), endpoint).unwrap_err();
+                assert_eq!(e.param.as_deref(), Some(*field), "{field}: {e:?}");
+                assert!(e.message.contains("not supported"), "{field}: {e:?}");
+                let body = json!({ *field: neutral });
+                assert!(check_fields(&body, endpoint).is_ok(), "{body}");
+            }
+        }
+        let e = check_fields(
+            &json!({"stream_options": {"include_usage": true, "continuous_usage_stats": true}}),
+            Endpoint::Chat,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.param.as_deref(),
+            Some("stream_options.continuous_usage_stats")
+        );
+    }
+
+    #[test]
+    fn unsupported_message_fields_are_refused_unless_neutral() {
+        for field in [
+            "name",
+            "tool_calls",
+            "tool_call_id",
+            "function_call",
+            "audio",
+            "refusal",
+            "reasoning_content",
+        ] {
+            let body = json!({"messages": [{"role": "user", "content": "a"},
+                {"role": "assistant", "content": "b", field: "x"}]});
+            let e = check_fields(&body, Endpoint::Chat).unwrap_err();
+            assert_eq!(
+                e.param.as_deref(),
+                Some(format!("messages[1].{field}").as_str())
+            );
+            assert!(e.message.contains("not supported"), "{e:?}");
+            let body = json!({"messages": [{"role": "user", "content": "a", field: null}]});
+            assert!(check_fields(&body, Endpoint::Chat).is_ok(), "{body}");
+        }
+    }
+
+    #[test]
+    fn honoured_and_harmless_fields_are_not_reported_as_ignored() {
+        let completion = json!({
+            "model": "m", "prompt": "p", "stream": false, "stream_options": null, "logprobs": 1,
+            "add_special_tokens": true, "n": 1, "temperature": 1, "top_p": 1, "top_k": 1, "min_p": 0,
+            "presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "seed": 1,
+            "max_tokens": 1, "max_completion_tokens": 1, "min_tokens": 0, "stop": [],
+            "stop_token_ids": [], "ignore_eos": false, "include_stop_str_in_output": false,
+            "skip_special_tokens": true, "extra_args": {}, "vllm_xargs": {}, "priority": 0,
+            "user": "u", "metadata": {}, "safety_identifier": "s", "prompt_cache_key": "k",
+            "service_tier": "auto", "parallel_tool_calls": false, "include_reasoning": true,
+            "echo": false,
+        });
+        assert_eq!(
+            ignored_fields(&completion, Endpoint::Completions),
+            (vec![], 0)
+        );
+        let chat = json!({
+            "messages": [{"role": "user", "content": "hi", "name": null}], "logprobs": true,
+            "top_logprobs": 1, "add_generation_prompt": true, "add_special_tokens": false,
+            "max_completion_tokens": 3, "tool_choice": "none",
+        });
+        assert_eq!(ignored_fields(&chat, Endpoint::Chat), (vec![], 0));
+    }
+
+    #[test]
+    fn unknown_fields_are_accepted_and_named_for_the_log() {
+        let body = json!({"prompt": "p", "frobnicate": 1, "add_generation_prompt": true});
+        assert!(check_fields(&body, Endpoint::Completions).is_ok());
+        // add_generation_prompt is the chat endpoint's field, not this one's.
+        assert_eq!(
+            ignored_fields(&body, Endpoint::Completions),
+            (
+                vec![
+                    "add_generation_prompt".to_string(),
+                    "frobnicate".to_string()
+                ],
+                2
+            )
+        );
+        let body =
+            json!({"messages": [{"role": "user", "content": "hi", "mood": "sunny"}], "x": 1});
+        assert!(check_fields(&body, Endpoint::Chat).is_ok());
+        assert_eq!(
+            ignored_fields(&body, Endpoint::Chat),
+            (vec!["x".to_string(), "messages[0].mood".to_string()], 2)
+        );
+        // The log line stays bounded however many there are.
+        let mut many = serde_json::Map::new();
+        for i in 0..100 {
+            many.insert(format!("{i:0>100}"), json!(1));
+        }
+        let (names, count) = ignored_fields(&Value::Object(many), Endpoint::Completions);
+        assert_eq!((names.len(), count), (IGNORED_LOGGED, 100));
+        assert!(names.iter().all(|n| n.len() == IGNORED_NAME_CHARS));
+    }
+
+    #[test]
+    fn the_field_names_come_from_the_structs() {
+        let names = field_names::<SamplingRequest>();
+        assert!(
+            names.contains(&"max_tokens") && names.contains(&"vllm_xargs"),
+            "{names:?}"
+        );
+        assert_eq!(field_names::<RequestMessage>(), &["role", "content"]);
+    }
+}

@@ -1,0 +1,533 @@
+//! Bounds on every size a client controls, each a `[server]` key
+//! (`docs/config.md`). They are checked on the parsed JSON body, before any
+//! field is copied into typed form, tokenized or fanned out into engine
+//! requests: `"n": 4294967295` must be a 400, not an allocation of
+//! `prompts × n` sequences. A refusal names the field, the value, the limit
+//! and the key that sets it.
+//!
+//! Values of the wrong type pass through untouched: the typed reading that
+//! follows refuses them with its own message.
+
+use serde_json::Value;
+
+use super::error::ApiError;
+use crate::config::ServerConfig;
+
+/// 400 unless `value <= limit`, naming the field, both numbers and the
+/// `[server]` key that sets the limit.
+fn at_most(field: &str, value: u64, unit: &str, limit: usize, key: &str) -> Result<(), ApiError> {
+    if value <= limit as u64 {
+        return Ok(());
+    }
+    Err(ApiError::field(
+        field,
+        format!("{value} {unit}, but this server allows at most {limit} (its `server.{key}`)"),
+    ))
+}
+
+/// `usize` lengths as the `u64` values [`at_most`] compares.
+fn len(n: usize) -> u64 {
+    n as u64
+}
+
+/// The bounds of `/v1/completions`: the number of prompts, their text's
+/// bytes, each token-id prompt's length, then the sampling fields'.
+pub fn check_completion(
+    body: &Value,
+    config: &ServerConfig,
+    max_model_len: usize,
+) -> Result<(), ApiError> {
+    match body.get("prompt") {
+        Some(Value::String(s)) => prompt_bytes("prompt", len(s.len()), config)?,
+        Some(Value::Array(items)) => match items.first() {
+            // A flat list of numbers is one prompt of token ids.
+            Some(Value::Number(_)) => prompt_tokens("prompt", items.len(), max_model_len)?,
+            Some(Value::String(_)) => {
+                at_most(
+                    "prompt",
+                    len(items.len()),
+                    "prompts",
+                    config.max_prompts,
+                    "max_prompts",
+                )?;
+                let bytes = items
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .map(|s| len(s.len()))
+                    .sum();
+                prompt_bytes("prompt", bytes, config)?;
+            }
+            Some(Value::Array(_)) => {
+                at_most(
+                    "prompt",
+                    len(items.len()),
+                    "prompts",
+                    config.max_prompts,
+                    "max_prompts",
+                )?;
+                for (i, ids) in items.iter().enumerate() {
+                    if let Some(ids) = ids.as_array() {
+                        prompt_tokens(&format!("prompt[{i}]"), ids.len(), max_model_len)?;
+                    }
+                }
+            }
+            _ => {}
+        },
+        _ => {}
+    }
+    check_sampling(body, config)
+}
+
+/// The bounds of `/v1/chat/completions`: the number of messages and of
+/// content parts (both bounded by `server.max_messages`: a part costs what
+/// a message does), the text's bytes, then the sampling fields'.
+pub fn check_chat(body: &Value, config: &ServerConfig) -> Result<(), ApiError> {
+    if let Some(messages) = body.get("messages").and_then(Value::as_array) {
+        let limit = config.max_messages;
+        at_most(
+            "messages",
+            len(messages.len()),
+            "messages",
+            limit,
+            "max_messages",
+        )?;
+        let (mut parts, mut bytes) = (0u64, 0u64);
+        for (i, m) in messages.iter().enumerate() {
+            match m.get("content") {
+                Some(Value::String(s)) => bytes += len(s.len()),
+                Some(Value::Array(list)) => {
+                    parts += len(list.len());
+                    let field = format!("messages[{i}].content");
+                    at_most(
+                        &field,
+                        parts,
+                        "content parts in all messages together",
+                        limit,
+                        "max_messages",
+                    )?;
+                    bytes += list
+                        .iter()
+                        .filter_map(|p| p.get("text").and_then(Value::as_str))
+                        .map(|s| len(s.len()))
+                        .sum::<u64>();
+                }
+                _ => {}
+            }
+        }
+        prompt_bytes("messages", bytes, config)?;
+    }
+    check_sampling(body, config)
+}
+
+/// Prompt text is bounded in bytes before it is tokenized.
+fn prompt_bytes(field: &str, bytes: u64, config: &ServerConfig) -> Result<(), ApiError> {
+    at_most(
+        field,
+        bytes,
+        "bytes of prompt text",
+        config.max_prompt_bytes,
+        "max_prompt_bytes",
+    )
+}
+
+/// A prompt given as token ids is refused at the context's length before it
+/// is copied: a longer one could never run.
+fn prompt_tokens(field: &str, tokens: usize, max_model_len: usize) -> Result<(), ApiError> {
+    if tokens < max_model_len {
+        return Ok(());
+    }
+    Err(prompt_too_long(field, tokens, max_model_len))
+}
+
+/// The bounds of the sampling fields both endpoints share: `n`, `stop`,
+/// `stop_token_ids`, `logit_bias` (counted even though it is refused, so
+/// the message is about its size when that is what is wrong) and
+/// `extra_args` / `vllm_xargs`.
+pub fn check_sampling(body: &Value, config: &ServerConfig) -> Result<(), ApiError> {
+    if let Some(n) = body.get("n").and_then(Value::as_u64) {
+        at_most("n", n, "choices", config.max_n as usize, "max_n")?;
+    }
+    let stop_bytes = |field: &str, s: &str| {
+        let key = "max_stop_string_bytes";
+        at_most(
+            field,
+            len(s.len()),
+            "bytes in one stop string",
+            config.max_stop_string_bytes,
+            key,
+        )
+    };
+    match body.get("stop") {
+        Some(Value::String(s)) => stop_bytes("stop", s)?,
+        Some(Value::Array(list)) => {
+            at_most(
+                "stop",
+                len(list.len()),
+                "stop strings",
+                config.max_stop_strings,
+                "max_stop_strings",
+            )?;
+            for (i, s) in list.iter().enumerate() {
+                if let Some(s) = s.as_str() {
+                    stop_bytes(&format!("stop[{i}]"), s)?;
+                }
+            }
+        }
+        _ => {}
+    }
+    if let Some(ids) = body.get("stop_token_ids").and_then(Value::as_array) {
+        let key = "max_stop_token_ids";
+        at_most(
+            "stop_token_ids",
+            len(ids.len()),
+            "stop token ids",
+            config.max_stop_token_ids,
+            key,
+        )?;
+    }
+    if let Some(bias) = body.get("logit_bias").and_then(Value::as_object) {
+        at_most(
+            "logit_bias",
+            len(bias.len()),
+            "entries",
+            config.max_logit_bias,
+            "max_logit_bias",
+        )?;
+    }
+    // The two are merged into one `extra_args`, so they share the bound.
+    let mut extra = 0;
+    for field in ["extra_args", "vllm_xargs"] {
+        if let Some(v) = body.get(field) {
+            extra += json_len(v);
+            let unit = "bytes of extra_args and vllm_xargs together, as compact JSON";
+            at_most(
+                field,
+                extra,
+                unit,
+                config.max_extra_args_bytes,
+                "max_extra_args_bytes",
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Bytes of `value` as compact JSON, counted without building the text.
+fn json_len(value: &Value) -> u64 {
+    struct Count(u64);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += len(buf.len());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Neither a `Value` nor a counter can fail to serialize.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
+/// The tokenized prompt must leave room in the context for at least one
+/// generated token, and with `max_tokens` (read from `max_tokens_field`)
+/// fit in it. The scheduler checks the same; here the error names the
+/// request field to change.
+pub fn check_context(
+    prompt_field: &str,
+    prompt_len: usize,
+    (max_tokens_field, max_tokens): (&str, u32),
+    max_model_len: usize,
+) -> Result<(), ApiError> {
+    if prompt_len >= max_model_len {
+        return Err(prompt_too_long(prompt_field, prompt_len, max_model_len));
+    }
+    let total = len(prompt_len) + u64::from(max_tokens);
+    if total > len(max_model_len) {
+        return Err(ApiError::field(
+            max_tokens_field,
+            format!(
+                "{max_tokens} tokens after a prompt of {prompt_len} make {total}, more than the \
+                 model's context (max_model_len) of {max_model_len} tokens; set it to at most {}",
+                max_model_len - prompt_len
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn prompt_too_long(field: &str, tokens: usize, max_model_len: usize) -> ApiError {
+    ApiError::field(
+        field,
+        format!(
+            "{tokens} tokens, but the model's context (max_model_len) is {max_model_len} tokens \
+             and must also hold at least one generated token; shorten the prompt below {max_model_len} tokens"
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Small limits, so the bodies that go past them stay small.
+    fn config() -> ServerConfig {
+        ServerConfig {
+            max_n: 4,
+            max_prompts: 3,
+            max_prompt_bytes: 10,
+            max_messages: 2,
+            max_stop_strings: 2,
+            max_stop_string_bytes: 5,
+            max_stop_token_ids: 3,
+            max_logit_bias: 2,
+            max_extra_args_bytes: 20,
+            ..ServerConfig::default()
+        }
+    }
+
+    const MAX_MODEL_LEN: usize = 8;
+
+    fn completion(body: Value) -> Result<(), ApiError> {
+        check_completion(&body, &config(), MAX_MODEL_LEN)
+    }
+
+    fn chat(body: Value) -> Result<(), ApiError> {
+        check_chat(&body, &config())
+    }
+
+    /// Asserts `result` is a 400 on `field` whose message names the value,
+    /// the limit and the key.
+    fn refused(result: Result<(), ApiError>, field: &str, value: u64, limit: usize, key: &str) {
+        let e = result.expect_err(field);
+        assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST);
+        assert_eq!(e.param.as_deref(), Some(field), "{e:?}");
+        for needle in [
+            format!("`{field}`: {value} "),
+            format!("at most {limit} "),
+            format!("`server.{key}`"),
+        ] {
+            assert!(
+                e.message.contains(&needle),
+                "{needle:?} not in {:?}",
+                e.message
+            );
+        }
+    }
+
+    fn strings(n: usize, each: &str) -> Vec<String> {
+        vec![each.to_string(); n]
+    }
+
+    #[test]
+    fn n_is_bounded() {
+        assert!(completion(json!({"prompt": "x", "n": 4})).is_ok());
+        refused(
+            completion(json!({"prompt": "x", "n": 5})),
+            "n",
+            5,
+            4,
+            "max_n",
+        );
+        let huge = u64::from(u32::MAX);
+        refused(
+            completion(json!({"prompt": "x", "n": huge})),
+            "n",
+            huge,
+            4,
+            "max_n",
+        );
+        refused(chat(json!({"messages": [], "n": 5})), "n", 5, 4, "max_n");
+    }
+
+    #[test]
+    fn prompts_are_bounded_in_number_and_bytes() {
+        assert!(completion(json!({"prompt": ["a", "b", "c"]})).is_ok());
+        refused(
+            completion(json!({"prompt": ["a", "b", "c", "d"]})),
+            "prompt",
+            4,
+            3,
+            "max_prompts",
+        );
+        assert!(completion(json!({"prompt": [[1], [2], [3]]})).is_ok());
+        refused(
+            completion(json!({"prompt": [[1], [2], [3], [4]]})),
+            "prompt",
+            4,
+            3,
+            "max_prompts",
+        );
+        // Bytes: one string, and several counted together.
+        assert!(completion(json!({"prompt": "x".repeat(10)})).is_ok());
+        refused(
+            completion(json!({"prompt": "x".repeat(11)})),
+            "prompt",
+            11,
+            10,
+            "max_prompt_bytes",
+        );
+        assert!(completion(json!({"prompt": ["xxxxx", "yyyyy"]})).is_ok());
+        refused(
+            completion(json!({"prompt": ["xxxxx", "yyyyyy"]})),
+            "prompt",
+            11,
+            10,
+            "max_prompt_bytes",
+        );
+    }
+
+    #[test]
+    fn token_id_prompts_are_bounded_by_the_context() {
+        let ids = |n: usize| vec![1u32; n];
+        assert!(completion(json!({"prompt": ids(MAX_MODEL_LEN - 1)})).is_ok());
+        let e = completion(json!({"prompt": ids(MAX_MODEL_LEN)})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("prompt"));
+        assert!(
+            e.message.contains("8 tokens") && e.message.contains("max_model_len"),
+            "{e:?}"
+        );
+        let e = completion(json!({"prompt": [ids(1), ids(MAX_MODEL_LEN)]})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("prompt[1]"), "{e:?}");
+    }
+
+    #[test]
+    fn chat_is_bounded_in_messages_parts_and_bytes() {
+        let msg = |c: Value| json!({"role": "user", "content": c});
+        assert!(chat(json!({"messages": [msg(json!("a")), msg(json!("b"))]})).is_ok());
+        refused(
+            chat(json!({"messages": [msg(json!("a")), msg(json!("b")), msg(json!("c"))]})),
+            "messages",
+            3,
+            2,
+            "max_messages",
+        );
+        let part = json!({"type": "text", "text": "p"});
+        assert!(chat(json!({"messages": [msg(json!([part, part]))]})).is_ok());
+        refused(
+            chat(json!({"messages": [msg(json!([part])), msg(json!([part, part]))]})),
+            "messages[1].content",
+            3,
+            2,
+            "max_messages",
+        );
+        // Strings and text parts count toward the same byte budget.
+        let text = |s: &str| json!({"type": "text", "text": s});
+        assert!(chat(
+            json!({"messages": [msg(json!("12345")), msg(json!([text("678"), text("90")]))]})
+        )
+        .is_ok());
+        refused(
+            chat(
+                json!({"messages": [msg(json!("12345")), msg(json!([text("678"), text("901")]))]}),
+            ),
+            "messages",
+            11,
+            10,
+            "max_prompt_bytes",
+        );
+    }
+
+    #[test]
+    fn stop_fields_are_bounded() {
+        assert!(completion(json!({"prompt": "x", "stop": strings(2, "12345")})).is_ok());
+        refused(
+            completion(json!({"prompt": "x", "stop": strings(3, "a")})),
+            "stop",
+            3,
+            2,
+            "max_stop_strings",
+        );
+        refused(
+            completion(json!({"prompt": "x", "stop": ["a", "123456"]})),
+            "stop[1]",
+            6,
+            5,
+            "max_stop_string_bytes",
+        );
+        assert!(completion(json!({"prompt": "x", "stop": "12345"})).is_ok());
+        refused(
+            completion(json!({"prompt": "x", "stop": "123456"})),
+            "stop",
+            6,
+            5,
+            "max_stop_string_bytes",
+        );
+        assert!(completion(json!({"prompt": "x", "stop_token_ids": [1, 2, 3]})).is_ok());
+        refused(
+            completion(json!({"prompt": "x", "stop_token_ids": [1, 2, 3, 4]})),
+            "stop_token_ids",
+            4,
+            3,
+            "max_stop_token_ids",
+        );
+    }
+
+    #[test]
+    fn logit_bias_entries_are_counted() {
+        assert!(completion(json!({"prompt": "x", "logit_bias": {"1": 1, "2": 1}})).is_ok());
+        refused(
+            completion(json!({"prompt": "x", "logit_bias": {"1": 1, "2": 1, "3": 1}})),
+            "logit_bias",
+            3,
+            2,
+            "max_logit_bias",
+        );
+    }
+
+    #[test]
+    fn extra_args_are_bounded_together() {
+        // {"k":"123456789012"} is 20 bytes as compact JSON.
+        let twenty = json!({"k": "123456789012"});
+        assert!(completion(json!({"prompt": "x", "extra_args": twenty})).is_ok());
+        assert!(completion(json!({"prompt": "x", "vllm_xargs": twenty})).is_ok());
+        let e = json!({"k": "1234567890123"});
+        refused(
+            completion(json!({"prompt": "x", "extra_args": e})),
+            "extra_args",
+            21,
+            20,
+            "max_extra_args_bytes",
+        );
+        refused(
+            completion(
+                json!({"prompt": "x", "extra_args": {"a": 1}, "vllm_xargs": {"b": "123456"}}),
+            ),
+            "vllm_xargs",
+            21,
+            20,
+            "max_extra_args_bytes",
+        );
+    }
+
+    #[test]
+    fn mistyped_fields_are_left_to_the_typed_reading() {
+        assert!(
+            completion(json!({"prompt": 7, "n": "many", "stop": 3, "stop_token_ids": "x"})).is_ok()
+        );
+        assert!(chat(json!({"messages": "hi"})).is_ok());
+    }
+
+    #[test]
+    fn the_context_bounds_prompt_and_max_tokens() {
+        let max_tokens = |n| ("max_tokens", n);
+        assert!(check_context("prompt", 7, max_tokens(1), 8).is_ok());
+        let e = check_context("messages", 8, max_tokens(1), 8).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages"));
+        assert!(
+            e.message.contains("8 tokens") && e.message.contains("below 8"),
+            "{e:?}"
+        );
+        let e = check_context("prompt", 3, max_tokens(u32::MAX), 8).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+        assert!(
+            e.message.contains("4294967295") && e.message.contains("at most 5"),
+            "{e:?}"
+        );
+        assert!(check_context("prompt", 3, max_tokens(5), 8).is_ok());
+        let e = check_context("prompt", 3, ("max_completion_tokens", 6), 8).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_completion_tokens"));
+    }
+}
