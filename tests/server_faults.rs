@@ -116,20 +116,124 @@ fn an_engine_core_process_serves_and_its_death_is_503_then_exit() {
 fn a_server_killed_with_sigkill_leaves_no_engine_core_or_worker_behind() {
     let server = Server::start(&["--set", "parallel.distributed_executor_backend=\"mp\""]);
     let engine_core = children(server.pid());
-    assert_eq!(engine_core.len(), 1, "the engine-core process: {engine_core:?}");
+    assert_eq!(
+        engine_core.len(),
+        1,
+        "the engine-core process: {engine_core:?}"
+    );
     let workers = children(engine_core[0]);
     assert_eq!(workers.len(), 1, "its worker process: {workers:?}");
     server.signal("KILL");
     // The death pipes close with the killed process: both exit on their own.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let alive = |pid: u32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .is_ok_and(|stat| !stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')))
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            !stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
     };
     while [engine_core[0], workers[0]].into_iter().any(alive) {
-        assert!(std::time::Instant::now() < deadline, "orphans left running after 10 s");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "orphans left running after 10 s"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+#[test]
+fn an_idle_server_notices_its_worker_or_engine_core_dying_within_a_second() {
+    // No request in flight: nothing but the engine's own watch can notice.
+    let mp = ["--set", "parallel.distributed_executor_backend=\"mp\""];
+    // The mp worker as the server's child (engine core on its threads).
+    let server = Server::start(&[&mp[..], &["--set", "server.engine_core_process=false"]].concat());
+    let worker = children(server.pid());
+    assert_eq!(worker.len(), 1, "the worker process: {worker:?}");
+    kill_idle_and_expect_503_then_exit(
+        server,
+        worker[0],
+        "the mp worker under in-process engine core",
+    );
+
+    // The mp worker as the engine-core process's child (the default layout).
+    let server = Server::start(&mp);
+    let engine_core = children(server.pid());
+    assert_eq!(
+        engine_core.len(),
+        1,
+        "the engine-core process: {engine_core:?}"
+    );
+    let worker = children(engine_core[0]);
+    assert_eq!(worker.len(), 1, "its worker process: {worker:?}");
+    kill_idle_and_expect_503_then_exit(
+        server,
+        worker[0],
+        "the mp worker under the engine-core process",
+    );
+
+    // The engine-core process itself.
+    let server = Server::start(&[]);
+    let engine_core = children(server.pid());
+    assert_eq!(
+        engine_core.len(),
+        1,
+        "the engine-core process: {engine_core:?}"
+    );
+    kill_idle_and_expect_503_then_exit(server, engine_core[0], "the engine-core process");
+}
+
+/// `GET /health`'s status, or `None` once the server no longer listens.
+fn health(addr: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let request = format!("GET /health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).ok()?;
+    String::from_utf8_lossy(&raw)
+        .split(' ')
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// With the server idle and healthy, SIGKILLs `victim`; `/health` must turn
+/// 503 within a second (0.5 s slack for a loaded machine) and the server
+/// exit non-zero soon after.
+fn kill_idle_and_expect_503_then_exit(mut server: Server, victim: u32, what: &str) {
+    assert_eq!(
+        health(&server.addr),
+        Some(200),
+        "healthy before {what} dies"
+    );
+    let killed = std::process::Command::new("kill")
+        .arg("-9")
+        .arg(victim.to_string())
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let killed_at = std::time::Instant::now();
+    loop {
+        let status = health(&server.addr);
+        let waited = killed_at.elapsed();
+        match status {
+            Some(503) => break,
+            Some(200) => assert!(
+                waited < Duration::from_millis(1500),
+                "/health still 200 {waited:?} after {what} died"
+            ),
+            other => {
+                panic!("/health answered {other:?} {waited:?} after {what} died, before any 503")
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = server
+        .wait_exit(Duration::from_secs(15))
+        .expect("the server exits after the engine died");
+    assert!(!status.success(), "{status:?}");
 }
 
 /// Kills the server's (first) child process with SIGKILL, then expects

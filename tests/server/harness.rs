@@ -131,6 +131,29 @@ impl Server {
         stream
     }
 
+    /// Sends `request` byte for byte (the caller writes every header,
+    /// `Host` and `Content-Type` included, and should ask for
+    /// `Connection: close`) and reads the response to its end.
+    pub fn raw(&self, request: &[u8]) -> Response {
+        let mut stream = TcpStream::connect(&self.addr).expect("connect");
+        stream.set_read_timeout(Some(REQUEST)).expect("timeout");
+        stream.write_all(request).expect("write the request");
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).expect("read the response");
+        Response::parse(&raw)
+    }
+
+    /// The server process's resident memory (`VmRSS`), in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("the server's /proc/PID/status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or_else(|| panic!("no VmRSS in:\n{status}"))
+    }
+
     /// The value of the unlabelled-but-for-model series `name` in `/metrics`.
     pub fn metric(&self, name: &str) -> f64 {
         let text = self.get("/metrics").text();
@@ -206,6 +229,19 @@ impl Response {
             headers,
             body,
         }
+    }
+
+    /// The value of header `name` (lower-case), if present.
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers.lines().skip(1).find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            (k.trim() == name).then(|| v.trim().to_string())
+        })
+    }
+
+    /// Parses raw response bytes (a status line, headers, a body).
+    pub fn from_bytes(raw: &[u8]) -> Response {
+        Response::parse(raw)
     }
 
     /// The body as text.

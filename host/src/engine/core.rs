@@ -256,6 +256,16 @@ impl EngineCore {
         }
     }
 
+    /// An error once the executor lost a worker, even with no step running;
+    /// the busy loop checks it while idle so a dead worker is noticed
+    /// before the next request arrives.
+    pub fn check_health(&self) -> Result<(), EngineError> {
+        match self.executor.worker_death() {
+            Some(death) => Err(EngineError::Executor(death)),
+            None => Ok(()),
+        }
+    }
+
     /// The scheduler's counters.
     pub fn stats(&self) -> EngineStats {
         EngineStats {

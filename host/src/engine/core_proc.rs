@@ -1,7 +1,8 @@
 //! `EngineCoreProc`: the engine core on its own threads (vLLM's
 //! `EngineCoreProc`). The busy loop takes client messages, steps the core
 //! while it has work and blocks on its input queue when it has none, so an
-//! idle engine uses no CPU. An output thread takes each step's outputs off
+//! idle engine uses no CPU (it wakes a few times a second only to check that
+//! its workers live). An output thread takes each step's outputs off
 //! the loop — to the requests' streams in this process, or encoded onto the
 //! shared-memory queue to a client in another ([`super::ipc`]) — so that
 //! work overlaps the next step.
@@ -19,12 +20,18 @@
 //! tokens of the step in flight are applied: what vLLM's separate abort
 //! queue is for, without the reordering a second queue allows.
 
-use std::sync::mpsc::{Receiver, Sender, SyncSender};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, SyncSender};
+use std::time::Duration;
 
 use serde_json::Value;
 
 use super::core::{EngineCore, EngineCoreOutput, EngineCoreRequest, EngineError, EngineStats};
 use super::shared::Shared;
+
+/// How often an idle busy loop checks that its workers are alive: with the
+/// worker monitor's own poll, a death is seen well within the second the
+/// server promises for `/health`; five wake-ups a second cost nothing.
+const IDLE_HEALTH_CHECK: Duration = Duration::from_millis(200);
 
 /// A message from a client to the busy loop.
 pub(crate) enum CoreInput {
@@ -86,11 +93,18 @@ pub(crate) fn run_busy_loop(mut core: EngineCore, inputs: Receiver<CoreInput>, o
     // A message read mid-step that must wait for the step boundary.
     let mut deferred: Vec<CoreInput> = Vec::new();
     let result = loop {
-        // Block while there is nothing to do: no spinning when idle.
+        // Block while there is nothing to do: no spinning when idle. The
+        // wait wakes every IDLE_HEALTH_CHECK to look at the workers, so an
+        // idle engine whose worker died reports it (and `/health` turns
+        // 503) without waiting for a request to fail.
         if !core.has_work() && stopping.is_none() && deferred.is_empty() {
-            match inputs.recv() {
+            match inputs.recv_timeout(IDLE_HEALTH_CHECK) {
                 Ok(msg) => handle(&mut core, msg, &outputs, &mut stopping),
-                Err(_) => break Ok(()),
+                Err(RecvTimeoutError::Timeout) => match core.check_health() {
+                    Ok(()) => continue,
+                    Err(e) => break Err(format!("{e:#}")),
+                },
+                Err(RecvTimeoutError::Disconnected) => break Ok(()),
             }
         }
         for msg in deferred.drain(..).chain(inputs.try_iter()) {

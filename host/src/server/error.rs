@@ -2,7 +2,7 @@
 //! status and the OpenAI-style body (`{"error": {message, type, param,
 //! code}}`) clients know how to read.
 
-use axum::http::StatusCode;
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
@@ -45,6 +45,16 @@ impl ApiError {
         }
     }
 
+    /// 429: the server is at `server.max_waiting_requests`; the client
+    /// should retry after the `Retry-After` the response carries.
+    pub fn too_many_requests(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            message: message.into(),
+            param: None,
+        }
+    }
+
     /// 500: the server itself failed.
     pub fn internal(message: impl Into<String>) -> ApiError {
         ApiError {
@@ -68,8 +78,13 @@ impl ApiError {
         match self.status {
             StatusCode::BAD_REQUEST => "BadRequestError",
             StatusCode::UNAUTHORIZED => "AuthenticationError",
+            StatusCode::FORBIDDEN => "PermissionDeniedError",
             StatusCode::NOT_FOUND => "NotFoundError",
+            StatusCode::METHOD_NOT_ALLOWED => "MethodNotAllowedError",
             StatusCode::PAYLOAD_TOO_LARGE => "RequestTooLargeError",
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => "UnsupportedMediaTypeError",
+            StatusCode::MISDIRECTED_REQUEST => "MisdirectedRequestError",
+            StatusCode::TOO_MANY_REQUESTS => "RateLimitError",
             StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
             _ => "InternalServerError",
         }
@@ -100,9 +115,23 @@ impl From<EngineCoreError> for ApiError {
     }
 }
 
+/// Seconds a refused client is told to wait (`Retry-After`) on a 429 or a
+/// 503: overload and a dying or draining engine both pass within seconds,
+/// and a short hint keeps well-behaved clients from hammering meanwhile.
+pub const RETRY_AFTER_S: u32 = 1;
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let mut response = (self.status, Json(self.body())).into_response();
+        if matches!(
+            self.status,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+        ) {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_S));
+        }
+        response
     }
 }
 
@@ -121,6 +150,19 @@ mod tests {
             v["error"]["message"],
             "`max_tokens`: must be at least 1, got 0"
         );
+    }
+
+    #[test]
+    fn overload_is_a_429_with_retry_after() {
+        let e = ApiError::too_many_requests("full");
+        let v = serde_json::to_value(e.body()).unwrap();
+        assert_eq!(v["error"]["type"], "RateLimitError");
+        assert_eq!(v["error"]["code"], 429);
+        let response = e.into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+        let ok = ApiError::field("n", "x").into_response();
+        assert!(!ok.headers().contains_key(header::RETRY_AFTER));
     }
 
     #[test]

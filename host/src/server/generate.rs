@@ -43,7 +43,8 @@ pub struct Sequence {
 
 /// Queues one engine request per prompt and choice and waits until the
 /// engine produced the first output of each (or refused one). On error the
-/// requests already queued are dropped, which aborts them.
+/// requests already queued are dropped, which aborts them. Refused with 429
+/// when the requests would not fit `server.max_waiting_requests`.
 pub async fn start(
     app: &AppState,
     request_id: &str,
@@ -53,6 +54,10 @@ pub async fn start(
 ) -> Result<Vec<Sequence>, ApiError> {
     app.check_serving()?;
     let n = params.n as usize;
+    // Admission: every engine request about to be queued holds a slot
+    // until its first output, so past `server.max_waiting_requests` this
+    // is a 429 before anything reaches the engine.
+    let mut waiting = app.admission.admit(prompts.len().saturating_mul(n))?;
     let mut seqs = Vec::with_capacity(prompts.len() * n);
     for (p, prompt) in prompts.into_iter().enumerate() {
         for j in 0..n {
@@ -88,6 +93,7 @@ pub async fn start(
                 )))
             }
         });
+        waiting.release_one();
     }
     Ok(seqs)
 }

@@ -9,17 +9,22 @@
 //!
 //! Modules: `protocol` (wire types), `params` (validation), `completions` and
 //! `chat` (the two generation endpoints), `generate` (engine requests of one
-//! HTTP request), `sse` (streaming), `metrics` (Prometheus), `auth`
-//! (`--api-key`), `routes` (router and small endpoints), `error`.
+//! HTTP request), `admission` (the cap on waiting engine requests), `sse`
+//! (streaming), `metrics` (Prometheus), `auth` (`--api-key`), `guard`
+//! (`Host`, `Content-Type`, CORS), `routes` (router and small endpoints),
+//! `listener` (accept loop, connection cap, timeouts), `error`.
 
 mod admin;
+mod admission;
 mod auth;
 mod chat;
 mod completions;
 mod error;
 mod fields;
 mod generate;
+mod guard;
 mod limits;
+mod listener;
 mod metrics;
 mod params;
 pub mod protocol;
@@ -65,6 +70,9 @@ pub struct AppState {
     pub created: u64,
     shutting_down: AtomicBool,
     next_id: AtomicU64,
+    /// Engine requests waiting for their first output, against
+    /// `server.max_waiting_requests`.
+    admission: admission::Admission,
 }
 
 impl AppState {
@@ -80,6 +88,7 @@ impl AppState {
             created: unix_now(),
             shutting_down: AtomicBool::new(false),
             next_id: AtomicU64::new(0),
+            admission: admission::Admission::new(config.server.max_waiting_requests),
         }
     }
 
@@ -196,12 +205,9 @@ async fn run(config: &EngineConfig) -> anyhow::Result<()> {
     tracing::info!(%local, "serving");
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let server =
-        axum::serve(listener, routes::router(app.clone())).with_graceful_shutdown(async move {
-            let mut rx = stop_rx;
-            let _ = rx.wait_for(|stop| *stop).await;
-        });
-    let server = tokio::spawn(async move { server.await });
+    let router = routes::router(app.clone(), local);
+    let limits = listener::Limits::new(&config.server);
+    let server = tokio::spawn(listener::serve(listener, router, limits, stop_rx));
 
     tokio::select! {
         stopped = client.stopped() => {

@@ -1,6 +1,7 @@
 //! The router and the small endpoints: `/health`, `/metrics`, `/v1/models`;
 //! the opt-in development endpoints are in `admin.rs`.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, State};
@@ -11,32 +12,50 @@ use axum::{middleware, Json, Router};
 
 use super::error::ApiError;
 use super::protocol::{ModelCard, ModelList};
-use super::{admin, auth, chat, completions, AppState};
+use super::{admin, auth, chat, completions, guard, AppState};
 
-/// Every route, the API key check on the `/v1` ones and the body limit.
-pub fn router(app: Arc<AppState>) -> Router {
-    let mut guarded = Router::new()
+/// Every route, the API key check on the `/v1` ones, `Content-Type` on
+/// those that take JSON, the body limit, CORS when configured and the
+/// `Host` check for a server listening on `local`.
+pub fn router(app: Arc<AppState>, local: SocketAddr) -> Router {
+    let mut json = Router::new()
         .route("/v1/completions", post(completions::create))
-        .route("/v1/chat/completions", post(chat::create))
-        .route("/v1/models", get(models));
+        .route("/v1/chat/completions", post(chat::create));
+    let mut guarded = Router::new().route("/v1/models", get(models));
     if app.config.enable_rpc_endpoint {
+        json = json.route("/collective_rpc", post(admin::collective_rpc));
         guarded = guarded
-            .route("/collective_rpc", post(admin::collective_rpc))
             .route("/sleep", post(admin::sleep))
             .route("/wake_up", post(admin::wake_up))
             .route("/is_sleeping", get(admin::is_sleeping))
             .route("/reset_prefix_cache", post(admin::reset_prefix_cache));
     }
-    let guarded = guarded.layer(middleware::from_fn_with_state(
-        app.clone(),
-        auth::require_api_key,
-    ));
-    Router::new()
+    // Set on each router before its layers: a layered route no longer takes
+    // a method fallback.
+    let json = json
+        .method_not_allowed_fallback(method_not_allowed)
+        .route_layer(middleware::from_fn(guard::require_json));
+    let guarded = guarded
+        .method_not_allowed_fallback(method_not_allowed)
+        .merge(json)
+        .layer(middleware::from_fn_with_state(
+            app.clone(),
+            auth::require_api_key,
+        ));
+    let mut router = Router::new()
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .merge(guarded)
+        .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
-        .layer(DefaultBodyLimit::max(app.config.max_body_bytes))
+        .layer(DefaultBodyLimit::max(app.config.max_body_bytes));
+    // Outside the API key check: a browser's preflight carries no key.
+    if let Some(cors) = guard::CorsPolicy::new(&app.config) {
+        router = router.layer(middleware::from_fn_with_state(Arc::new(cors), guard::cors));
+    }
+    let hosts = Arc::new(guard::HostPolicy::new(&app.config, local));
+    router
+        .layer(middleware::from_fn_with_state(hosts, guard::check_host))
         .with_state(app)
 }
 
@@ -77,5 +96,17 @@ async fn not_found() -> ApiError {
     ApiError::with_status(
         StatusCode::NOT_FOUND,
         "no such route; this server answers /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics",
+    )
+}
+
+/// A known route called with a method it does not answer: the OpenAI error
+/// body, not axum's empty one, so clients read why.
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::with_status(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!(
+            "{} does not answer {method}; see the API reference for its method",
+            uri.path()
+        ),
     )
 }

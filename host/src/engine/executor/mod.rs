@@ -102,6 +102,13 @@ pub trait Executor: Send {
     /// The deadline for one step's calls (`None`: wait while the workers live).
     fn execute_model_timeout(&self) -> Option<Duration>;
 
+    /// The recorded death of a worker, if one died: what an idle engine
+    /// core checks between steps, so it notices without a call failing
+    /// first. In-process workers cannot die on their own.
+    fn worker_death(&self) -> Option<ExecutorError> {
+        None
+    }
+
     /// Calls `method` with `args` on every worker (vLLM's `collective_rpc`).
     /// Only `unique_reply_rank` replies, or every rank when it is `None`;
     /// the future's result holds the replies in rank order. With `non_block`

@@ -173,6 +173,12 @@ impl Executor for MultiprocExecutor {
         self.execute_model_timeout
     }
 
+    /// What the monitor thread recorded (it polls every
+    /// [`super::monitor::POLL_INTERVAL`]).
+    fn worker_death(&self) -> Option<ExecutorError> {
+        self.workers.death()
+    }
+
     fn collective_rpc(
         &mut self,
         method: &str,
