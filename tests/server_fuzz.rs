@@ -297,8 +297,7 @@ fn check(case: &Case, status: u16, body: &[u8]) -> Result<(), TestCaseError> {
         case.path,
         String::from_utf8_lossy(body)
     );
-    // Axum's own 405 for a known route with the wrong method has no body.
-    if (400..500).contains(&status) && status != 405 {
+    if (400..500).contains(&status) {
         let error: Value = serde_json::from_slice(body).map_err(|e| {
             TestCaseError::fail(format!(
                 "{status} without a JSON error body ({e}): {}",
