@@ -24,13 +24,49 @@ pub fn default_model() -> PathBuf {
 }
 
 /// The `host` binary built by the same `cargo test` invocation.
+///
+/// `cargo test -p e2e` builds the `host` library but not its binary (only
+/// `--workspace` does), so a binary older than the host's sources would
+/// test yesterday's code: that panics with the command to run.
 pub fn host_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     // target/<profile>/deps/<test> -> target/<profile>/host
     let dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
     let bin = dir.join(format!("host{}", std::env::consts::EXE_SUFFIX));
     assert!(bin.is_file(), "{} is missing; build it with `cargo build -p host`", bin.display());
+    let built = modified(&bin).expect("the binary's modification time");
+    let sources = repo_root().join("host/src");
+    if let Some(newer) = newest_file(&sources).filter(|(t, _)| *t > built) {
+        panic!(
+            "{} is older than {}; build it with `cargo build -p host` (or run `cargo test --workspace`)",
+            bin.display(),
+            newer.1.display()
+        );
+    }
     bin
+}
+
+fn modified(path: &Path) -> Option<std::time::SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// The most recently modified file under `dir` and its time.
+fn newest_file(dir: &Path) -> Option<(std::time::SystemTime, PathBuf)> {
+    let mut newest: Option<(std::time::SystemTime, PathBuf)> = None;
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        let candidate = if path.is_dir() {
+            newest_file(&path)
+        } else {
+            modified(&path).map(|t| (t, path))
+        };
+        if let Some(c) = candidate {
+            if newest.as_ref().is_none_or(|n| c.0 > n.0) {
+                newest = Some(c);
+            }
+        }
+    }
+    newest
 }
 
 /// Runs `python3 tests/reference/<script> <args>` and returns its stdout.
