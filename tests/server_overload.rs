@@ -261,13 +261,33 @@ fn read_until_closed(
 }
 
 #[test]
-fn slow_headers_and_idle_connections_are_closed_in_bounded_time() {
+fn slow_headers_bodies_and_idle_connections_are_closed_in_bounded_time() {
     let server = Server::start(&[
         "--set",
         "server.header_read_timeout_s=1",
         "--set",
         "server.idle_connection_timeout_s=3",
+        "--set",
+        "server.body_read_timeout_s=2",
     ]);
+    // A client that sends its headers, then a tenth of its body, then
+    // nothing: 408 once the body timeout passes, not a connection held.
+    let mut trickle = TcpStream::connect(&server.addr).unwrap();
+    let started = Instant::now();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"prompt\":",
+        server.addr
+    );
+    trickle.write_all(head.as_bytes()).unwrap();
+    let (got, _) = read_until_closed(&mut trickle, started, Duration::from_secs(10));
+    let answered = started.elapsed();
+    let r = Response::from_bytes(&got);
+    assert_eq!(r.status, 408, "{}", String::from_utf8_lossy(&got));
+    assert!(
+        answered >= Duration::from_millis(1900) && answered < Duration::from_millis(4000),
+        "answered after {answered:?}, not the 2 s body timeout"
+    );
+
     // A client that never finishes its headers.
     let mut slow = TcpStream::connect(&server.addr).unwrap();
     let started = Instant::now();

@@ -356,6 +356,9 @@ pub struct ServerConfig {
     /// Seconds a client has to send a request's headers before its
     /// connection is dropped.
     pub header_read_timeout_s: f64,
+    /// Seconds a client has to send a JSON request's whole body once its
+    /// headers arrived (408 past it).
+    pub body_read_timeout_s: f64,
     /// Seconds an open connection may sit with no request in flight before
     /// it is closed.
     pub idle_connection_timeout_s: f64,
@@ -391,6 +394,7 @@ impl Default for ServerConfig {
             max_waiting_requests: 1024,
             max_connections: 512,
             header_read_timeout_s: 10.0,
+            body_read_timeout_s: 30.0,
             idle_connection_timeout_s: 60.0,
             allowed_hosts: Vec::new(),
             cors_allowed_origins: Vec::new(),
@@ -547,6 +551,7 @@ impl EngineConfig {
         }
         let server_seconds = [
             ("server.header_read_timeout_s", self.server.header_read_timeout_s),
+            ("server.body_read_timeout_s", self.server.body_read_timeout_s),
             ("server.idle_connection_timeout_s", self.server.idle_connection_timeout_s),
         ];
         if let Some((key, v)) = server_seconds.into_iter().find(|(_, v)| !(v.is_finite() && *v > 0.0 && *v < 1e9)) {

@@ -81,6 +81,7 @@ impl ApiError {
             StatusCode::FORBIDDEN => "PermissionDeniedError",
             StatusCode::NOT_FOUND => "NotFoundError",
             StatusCode::METHOD_NOT_ALLOWED => "MethodNotAllowedError",
+            StatusCode::REQUEST_TIMEOUT => "RequestTimeoutError",
             StatusCode::PAYLOAD_TOO_LARGE => "RequestTooLargeError",
             StatusCode::UNSUPPORTED_MEDIA_TYPE => "UnsupportedMediaTypeError",
             StatusCode::MISDIRECTED_REQUEST => "MisdirectedRequestError",

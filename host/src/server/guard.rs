@@ -11,7 +11,9 @@
 //!   `application/x-www-form-urlencoded` without a CORS preflight, and a
 //!   `fetch` with a binary body can post with no `Content-Type` at all, so
 //!   a missing one is refused too; every real client (the `openai` SDKs,
-//!   the README's curl lines) sends `application/json`.
+//!   the README's curl lines) sends `application/json`. Their whole body
+//!   must then arrive within `server.body_read_timeout_s` (408 otherwise),
+//!   so a body that trickles in cannot hold a connection.
 //! - CORS: off unless `server.cors_allowed_origins` is set, so pages on
 //!   other sites cannot read answers; when set, preflights from the listed
 //!   origins are answered and their responses carry
@@ -19,7 +21,9 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
@@ -123,13 +127,38 @@ pub async fn check_host(
 
 /// The middleware on the JSON endpoints: 415 unless the body is declared
 /// `application/json` (parameters such as `charset=utf-8` allowed; JSON is
-/// UTF-8, so another charset is refused too).
-pub async fn require_json(req: Request, next: Next) -> Response {
-    match json_content_type(req.headers()) {
-        Ok(()) => next.run(req).await,
-        Err(message) => {
-            ApiError::with_status(StatusCode::UNSUPPORTED_MEDIA_TYPE, message).into_response()
-        }
+/// UTF-8, so another charset is refused too); then the whole body is read
+/// within `server.body_read_timeout_s` (408 past it, 413 past
+/// `server.max_body_bytes`), so a body that trickles in cannot hold its
+/// connection, and the handler gets it already read.
+pub async fn require_json(
+    State(config): State<Arc<ServerConfig>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if let Err(message) = json_content_type(req.headers()) {
+        return ApiError::with_status(StatusCode::UNSUPPORTED_MEDIA_TYPE, message).into_response();
+    }
+    let (parts, body) = req.into_parts();
+    let deadline = Duration::try_from_secs_f64(config.body_read_timeout_s).unwrap_or(Duration::MAX);
+    match tokio::time::timeout(deadline, axum::body::to_bytes(body, config.max_body_bytes)).await {
+        Ok(Ok(bytes)) => next.run(Request::from_parts(parts, Body::from(bytes))).await,
+        Ok(Err(_)) => ApiError::with_status(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the request body is larger than this server's limit of {} bytes (its `server.max_body_bytes`), or was cut off",
+                config.max_body_bytes
+            ),
+        )
+        .into_response(),
+        Err(_) => ApiError::with_status(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the request body did not arrive within {:?} (this server's `server.body_read_timeout_s`); send it whole",
+                deadline
+            ),
+        )
+        .into_response(),
     }
 }
 

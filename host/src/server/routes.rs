@@ -34,7 +34,10 @@ pub fn router(app: Arc<AppState>, local: SocketAddr) -> Router {
     // a method fallback.
     let json = json
         .method_not_allowed_fallback(method_not_allowed)
-        .route_layer(middleware::from_fn(guard::require_json));
+        .route_layer(middleware::from_fn_with_state(
+            Arc::new(app.config.clone()),
+            guard::require_json,
+        ));
     let guarded = guarded
         .method_not_allowed_fallback(method_not_allowed)
         .merge(json)
