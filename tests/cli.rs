@@ -24,41 +24,88 @@ fn stderr(out: &Output) -> String {
 /// containing every `needle` — and did not panic.
 fn assert_clear_error(out: &Output, needles: &[&str]) {
     let err = stderr(out);
-    assert!(!out.status.success(), "expected a failure, got success; stderr:\n{err}");
-    assert_eq!(out.status.code(), Some(1), "expected exit code 1 (an error, not a crash):\n{err}");
-    assert!(!err.contains("panicked"), "a panic instead of an error:\n{err}");
+    assert!(
+        !out.status.success(),
+        "expected a failure, got success; stderr:\n{err}"
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "expected exit code 1 (an error, not a crash):\n{err}"
+    );
+    assert!(
+        !err.contains("panicked"),
+        "a panic instead of an error:\n{err}"
+    );
     for needle in needles {
-        assert!(err.contains(needle), "the error does not mention {needle:?}:\n{err}");
+        assert!(
+            err.contains(needle),
+            "the error does not mention {needle:?}:\n{err}"
+        );
     }
 }
 
 #[test]
 fn chat_answer_names_the_capital() {
     let prompt = "What is the capital of France? Answer in one sentence.";
-    let out = host(&["generate", "--chat", "--temperature", "0", "--max-tokens", "24", "--prompt", prompt]);
+    let out = host(&[
+        "generate",
+        "--chat",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "24",
+        "--prompt",
+        prompt,
+    ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8(out.stdout).expect("UTF-8 output");
-    assert!(text.contains("Paris"), "a greedy SmolLM2 answer should name Paris, got: {text:?}");
-    assert!(!text.contains("<|im"), "special tokens are skipped in the output: {text:?}");
+    assert!(
+        text.contains("Paris"),
+        "a greedy SmolLM2 answer should name Paris, got: {text:?}"
+    );
+    assert!(
+        !text.contains("<|im"),
+        "special tokens are skipped in the output: {text:?}"
+    );
 }
 
 #[test]
 fn seeded_sampling_is_reproducible_and_stop_strings_cut() {
-    let args = ["generate", "--prompt", "Once upon a time", "--max-tokens", "24", "--temperature", "0.9", "--seed", "11"];
+    let args = [
+        "generate",
+        "--prompt",
+        "Once upon a time",
+        "--max-tokens",
+        "24",
+        "--temperature",
+        "0.9",
+        "--seed",
+        "11",
+    ];
     let a = host(&args);
     let b = host(&args);
     assert!(a.status.success(), "{}", stderr(&a));
     assert_eq!(a.stdout, b.stdout, "the same seed must give the same text");
     let full = String::from_utf8(a.stdout).unwrap();
     // Cut at the first space of the seeded text: the output must end right before it.
-    let Some(cut) = full.trim_start().find(' ').map(|i| i + full.len() - full.trim_start().len()) else {
+    let Some(cut) = full
+        .trim_start()
+        .find(' ')
+        .map(|i| i + full.len() - full.trim_start().len())
+    else {
         panic!("expected several words, got {full:?}")
     };
     let mut stop_args = args.to_vec();
     stop_args.extend(["--stop", " "]);
     let stopped = host(&stop_args);
     assert!(stopped.status.success(), "{}", stderr(&stopped));
-    assert_eq!(String::from_utf8(stopped.stdout).unwrap().trim_end_matches('\n'), &full[..cut]);
+    assert_eq!(
+        String::from_utf8(stopped.stdout)
+            .unwrap()
+            .trim_end_matches('\n'),
+        &full[..cut]
+    );
 }
 
 #[test]
@@ -76,20 +123,38 @@ fn batch_file_in_results_file_out() {
         ),
     )
     .unwrap();
-    let out = host(&["generate", "--input", path(&input), "--output", path(&output)]);
+    let out = host(&[
+        "generate",
+        "--input",
+        path(&input),
+        "--output",
+        path(&output),
+    ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(&output)
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(lines.len(), 3, "one result per request, blank lines skipped: {lines:?}");
+    assert_eq!(
+        lines.len(),
+        3,
+        "one result per request, blank lines skipped: {lines:?}"
+    );
     assert_eq!(lines[0]["token_ids"].as_array().unwrap().len(), 8);
     assert_eq!(lines[0]["finish_reason"], "length");
-    assert!(lines[0]["text"].as_str().unwrap().contains("Paris"), "{lines:?}");
+    assert!(
+        lines[0]["text"].as_str().unwrap().contains("Paris"),
+        "{lines:?}"
+    );
     assert!(lines[1]["token_ids"].as_array().unwrap().len() <= 4);
-    let err = lines[2]["error"].as_str().expect("the impossible request is refused with a reason");
-    assert!(err.contains("max_model_len") || err.contains("max_tokens"), "{err}");
+    let err = lines[2]["error"]
+        .as_str()
+        .expect("the impossible request is refused with a reason");
+    assert!(
+        err.contains("max_model_len") || err.contains("max_tokens"),
+        "{err}"
+    );
 }
 
 fn path(p: &Path) -> &str {
@@ -111,7 +176,12 @@ fn bad_config_names_the_key_and_line() {
     std::fs::write(&config, "[scheduler]\nmax_num_seqs = 4\nmax_num_seqz = 4\n").unwrap();
     let out = host(&["--config", path(&config), "config", "show"]);
     assert_clear_error(&out, &["max_num_seqz", "line 3"]);
-    let out = host(&["--set", "parallel.distributed_executor_backend=ray", "config", "show"]);
+    let out = host(&[
+        "--set",
+        "parallel.distributed_executor_backend=ray",
+        "config",
+        "show",
+    ]);
     assert_clear_error(&out, &["ray", "uni"]);
 }
 
@@ -137,17 +207,44 @@ fn bad_model_files_are_named() {
 fn bad_batch_lines_are_named() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.jsonl");
-    std::fs::write(&input, "{\"prompt\": \"a\"}\n{\"prompt\": \"b\", \"temprature\": 0}\n").unwrap();
-    let out = host(&["generate", "--input", path(&input), "--output", path(&dir.path().join("o.jsonl"))]);
+    std::fs::write(
+        &input,
+        "{\"prompt\": \"a\"}\n{\"prompt\": \"b\", \"temprature\": 0}\n",
+    )
+    .unwrap();
+    let out = host(&[
+        "generate",
+        "--input",
+        path(&input),
+        "--output",
+        path(&dir.path().join("o.jsonl")),
+    ]);
     assert_clear_error(&out, &["in.jsonl:2", "temprature"]);
 }
 
 #[test]
 fn config_show_prints_the_effective_config() {
-    let out = host(&["--max-num-batched-tokens", "512", "--set", "scheduler.max_num_seqs=8", "config", "show"]);
+    let out = host(&[
+        "--max-num-batched-tokens",
+        "512",
+        "--set",
+        "scheduler.max_num_seqs=8",
+        "config",
+        "show",
+    ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let shown: toml::Table = String::from_utf8(out.stdout).unwrap().parse().expect("config show prints TOML");
-    assert_eq!(shown["scheduler"]["max_num_batched_tokens"].as_integer(), Some(512));
+    let shown: toml::Table = String::from_utf8(out.stdout)
+        .unwrap()
+        .parse()
+        .expect("config show prints TOML");
+    assert_eq!(
+        shown["scheduler"]["max_num_batched_tokens"].as_integer(),
+        Some(512)
+    );
     assert_eq!(shown["scheduler"]["max_num_seqs"].as_integer(), Some(8));
-    assert_eq!(shown["cache"]["block_size"].as_integer(), Some(16), "defaults are filled in");
+    assert_eq!(
+        shown["cache"]["block_size"].as_integer(),
+        Some(16),
+        "defaults are filled in"
+    );
 }

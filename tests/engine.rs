@@ -20,12 +20,23 @@ fn config(kv_blocks: u64, max_num_batched_tokens: usize, prefix_caching: bool) -
 }
 
 fn greedy(max_tokens: u32) -> SamplingParams {
-    SamplingParams { temperature: 0.0, max_tokens, ignore_eos: true, ..SamplingParams::default() }
+    SamplingParams {
+        temperature: 0.0,
+        max_tokens,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    }
 }
 
 /// `n` prompts of mixed lengths (4 to ~90 tokens).
 fn prompts(n: usize) -> Vec<String> {
-    let subjects = ["The history of Rome", "A recipe for bread", "How rain forms", "The rules of chess", "Why the sky is blue"];
+    let subjects = [
+        "The history of Rome",
+        "A recipe for bread",
+        "How rain forms",
+        "The rules of chess",
+        "Why the sky is blue",
+    ];
     (0..n)
         .map(|i| {
             let base = subjects[i % subjects.len()];
@@ -38,7 +49,11 @@ fn prompts(n: usize) -> Vec<String> {
 fn run(llm: &mut Llm, texts: &[String], params: &SamplingParams) -> Vec<Vec<u32>> {
     let requests: Vec<GenerateRequest> = texts
         .iter()
-        .map(|t| GenerateRequest { prompt: Prompt::Text(t.clone()), params: params.clone(), priority: 0 })
+        .map(|t| GenerateRequest {
+            prompt: Prompt::Text(t.clone()),
+            params: params.clone(),
+            priority: 0,
+        })
         .collect();
     llm.generate(&requests, |_, _| {}, |_, _| {})
         .expect("the engine runs")
@@ -49,7 +64,10 @@ fn run(llm: &mut Llm, texts: &[String], params: &SamplingParams) -> Vec<Vec<u32>
 
 fn one_at_a_time(texts: &[String], params: &SamplingParams) -> Vec<Vec<u32>> {
     let mut llm = Llm::new(&config(512, 2048, false)).unwrap();
-    texts.iter().map(|t| run(&mut llm, std::slice::from_ref(t), params).remove(0)).collect()
+    texts
+        .iter()
+        .map(|t| run(&mut llm, std::slice::from_ref(t), params).remove(0))
+        .collect()
 }
 
 #[test]
@@ -64,7 +82,11 @@ fn batched_greedy_equals_one_at_a_time() {
         assert_eq!(b, e, "prompt {i} ({:?}) differs when batched", texts[i]);
     }
     llm.core().scheduler().check_invariants().unwrap();
-    assert_eq!(llm.stats().scheduler.kv_cache_usage, 0.0, "every block is free at the end");
+    assert_eq!(
+        llm.stats().scheduler.kv_cache_usage,
+        0.0,
+        "every block is free at the end"
+    );
 }
 
 /// Preemption by recompute must not change what a request generates, with
@@ -80,7 +102,10 @@ fn preemption_does_not_change_outputs() {
         c.parallel.distributed_executor_backend = backend.into();
         let mut llm = Llm::new(&c).unwrap();
         let got = run(&mut llm, &texts, &params);
-        assert!(llm.stats().scheduler.num_preemptions > 0, "the cache was meant to force preemption");
+        assert!(
+            llm.stats().scheduler.num_preemptions > 0,
+            "the cache was meant to force preemption"
+        );
         for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
             assert_eq!(g, e, "prompt {i} differs after preemption ({backend})");
         }
@@ -91,10 +116,15 @@ fn preemption_does_not_change_outputs() {
 #[test]
 fn shared_prefixes_hit_the_cache() {
     let shared = "You are a careful assistant. Answer briefly and precisely. ".repeat(6);
-    let texts: Vec<String> = ["Name a color.", "Name a fruit.", "Name a river.", "Name a city."]
-        .iter()
-        .map(|q| format!("{shared}{q}"))
-        .collect();
+    let texts: Vec<String> = [
+        "Name a color.",
+        "Name a fruit.",
+        "Name a river.",
+        "Name a city.",
+    ]
+    .iter()
+    .map(|q| format!("{shared}{q}"))
+    .collect();
     let mut llm = Llm::new(&config(512, 2048, true)).unwrap();
     let shared_len = llm.encode(&Prompt::Text(shared.clone())).unwrap().len();
     let params = greedy(4);
@@ -104,27 +134,46 @@ fn shared_prefixes_hit_the_cache() {
     let stats = llm.stats().scheduler.prefix_cache;
     // Every request after the first finds at least the shared prefix's full blocks.
     let min_hits = (texts.len() as u64 - 1) * (shared_len as u64 / 16 * 16);
-    assert!(stats.hits >= min_hits, "{} cached tokens, expected at least {min_hits}", stats.hits);
+    assert!(
+        stats.hits >= min_hits,
+        "{} cached tokens, expected at least {min_hits}",
+        stats.hits
+    );
     assert!(stats.hit_rate() > 0.5, "hit rate {}", stats.hit_rate());
 }
 
 #[test]
 fn stop_strings_abort_and_free_every_block() {
     let texts = prompts(6);
-    let params = SamplingParams { stop: vec![" ".into()], ..greedy(40) };
+    let params = SamplingParams {
+        stop: vec![" ".into()],
+        ..greedy(40)
+    };
     let mut llm = Llm::new(&config(512, 2048, true)).unwrap();
     let requests: Vec<GenerateRequest> = texts
         .iter()
-        .map(|t| GenerateRequest { prompt: Prompt::Text(t.clone()), params: params.clone(), priority: 0 })
+        .map(|t| GenerateRequest {
+            prompt: Prompt::Text(t.clone()),
+            params: params.clone(),
+            priority: 0,
+        })
         .collect();
     let results = llm.generate(&requests, |_, _| {}, |_, _| {}).unwrap();
     for r in results {
         let c = r.unwrap();
-        assert!(!c.text.contains(' '), "the stop string ends the text: {:?}", c.text);
+        assert!(
+            !c.text.contains(' '),
+            "the stop string ends the text: {:?}",
+            c.text
+        );
         assert!(c.token_ids.len() < 40, "stopped early");
     }
     llm.core().scheduler().check_invariants().unwrap();
-    assert_eq!(llm.stats().scheduler.kv_cache_usage, 0.0, "aborted requests gave their blocks back");
+    assert_eq!(
+        llm.stats().scheduler.kv_cache_usage,
+        0.0,
+        "aborted requests gave their blocks back"
+    );
     assert_eq!(llm.stats().scheduler.num_running, 0);
 }
 
@@ -155,7 +204,11 @@ fn async_scheduling_does_not_change_outputs() {
         let requests: Vec<GenerateRequest> = texts
             .iter()
             .zip(&params)
-            .map(|(t, p)| GenerateRequest { prompt: Prompt::Text(t.clone()), params: p.clone(), priority: 0 })
+            .map(|(t, p)| GenerateRequest {
+                prompt: Prompt::Text(t.clone()),
+                params: p.clone(),
+                priority: 0,
+            })
             .collect();
         let got: Vec<(Vec<u32>, String)> = llm
             .generate(&requests, |_, _| {}, |_, _| {})
@@ -167,17 +220,32 @@ fn async_scheduling_does_not_change_outputs() {
             })
             .collect();
         let stats = llm.stats().scheduler;
-        assert!(stats.num_preemptions > 0, "the cache was meant to force preemption ({backend})");
-        assert_eq!(stats.kv_cache_usage, 0.0, "every block is free at the end ({backend})");
+        assert!(
+            stats.num_preemptions > 0,
+            "the cache was meant to force preemption ({backend})"
+        );
+        assert_eq!(
+            stats.kv_cache_usage, 0.0,
+            "every block is free at the end ({backend})"
+        );
         got
     };
     let expected = run_with(false, "uni");
-    let stopped = expected.iter().filter(|(_, reason)| reason == "stop").count();
-    assert!(stopped > 0 && stopped < texts.len(), "some requests, not all, should end on the stop token");
+    let stopped = expected
+        .iter()
+        .filter(|(_, reason)| reason == "stop")
+        .count();
+    assert!(
+        stopped > 0 && stopped < texts.len(),
+        "some requests, not all, should end on the stop token"
+    );
     for backend in ["uni", "mp"] {
         let got = run_with(true, backend);
         for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
-            assert_eq!(g, e, "prompt {i} differs under async scheduling ({backend})");
+            assert_eq!(
+                g, e,
+                "prompt {i} differs under async scheduling ({backend})"
+            );
         }
     }
 }

@@ -343,7 +343,11 @@ fn worker_children() -> Vec<u32> {
     for task in std::fs::read_dir("/proc/self/task").unwrap() {
         let children =
             std::fs::read_to_string(task.unwrap().path().join("children")).unwrap_or_default();
-        pids.extend(children.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+        pids.extend(
+            children
+                .split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok()),
+        );
     }
     pids.retain(|pid| {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
@@ -357,7 +361,10 @@ fn worker_children() -> Vec<u32> {
 fn sentinel(stream: &mut host::engine::OutputStream) -> EngineCoreError {
     loop {
         match stream.blocking_next() {
-            Some(Ok(out)) => assert!(out.finish_reason.is_none(), "the request cannot finish: {out:?}"),
+            Some(Ok(out)) => assert!(
+                out.finish_reason.is_none(),
+                "the request cannot finish: {out:?}"
+            ),
             Some(Err(e)) => return e,
             None => panic!("the stream ended without the engine-dead sentinel"),
         }

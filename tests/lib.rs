@@ -6,7 +6,10 @@ use std::process::Command;
 
 /// The repository root (the folder holding the workspace `Cargo.toml`).
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
 }
 
 /// The default model, as `scripts/fetch-model.sh` leaves it.
@@ -31,9 +34,16 @@ pub fn default_model() -> PathBuf {
 pub fn host_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     // target/<profile>/deps/<test> -> target/<profile>/host
-    let dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>");
     let bin = dir.join(format!("host{}", std::env::consts::EXE_SUFFIX));
-    assert!(bin.is_file(), "{} is missing; build it with `cargo build -p host`", bin.display());
+    assert!(
+        bin.is_file(),
+        "{} is missing; build it with `cargo build -p host`",
+        bin.display()
+    );
     let built = modified(&bin).expect("the binary's modification time");
     let sources = repo_root().join("host/src");
     if let Some(newer) = newest_file(&sources).filter(|(t, _)| *t > built) {
@@ -103,7 +113,13 @@ pub fn plugins_dir() -> PathBuf {
             let plugins = repo_root().join("plugins");
             let target = plugins.join("target");
             let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-                .args(["build", "--release", "--target", "wasm32-wasip2", "--target-dir"])
+                .args([
+                    "build",
+                    "--release",
+                    "--target",
+                    "wasm32-wasip2",
+                    "--target-dir",
+                ])
                 .arg(&target)
                 .current_dir(&plugins)
                 .output()

@@ -59,7 +59,10 @@ fn admission_order(policy: &str, priorities: [i32; 5]) -> (Vec<usize>, Vec<usize
     let reqs: Vec<GenerateRequest> = texts
         .iter()
         .zip(priorities)
-        .map(|(t, priority)| GenerateRequest { priority, ..request(t, greedy(2)) })
+        .map(|(t, priority)| GenerateRequest {
+            priority,
+            ..request(t, greedy(2))
+        })
         .collect();
     let done = llm.generate(&reqs, |_, _| {}, |_, _| {}).unwrap();
     let ttft: Vec<f64> = done

@@ -108,7 +108,11 @@ fn inspect_shows_the_python_plugins_name_kind_and_wit_version() {
         .skip(1)
         .take_while(|l| l.starts_with("  "))
         .collect();
-    assert_eq!(exports, ["  engine:plugins/scheduling-policy@0.2.0"], "in:\n{stdout}");
+    assert_eq!(
+        exports,
+        ["  engine:plugins/scheduling-policy@0.2.0"],
+        "in:\n{stdout}"
+    );
 }
 
 /// Runs every prompt greedily under `policy`, one request at a time, and

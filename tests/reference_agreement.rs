@@ -279,8 +279,14 @@ fn first_token_logits_agree_with_the_reference() {
         // The top-1 can only change when the error on the reference's best
         // candidates exceeds half the reference's top-2 margin. That error
         // is bounded by TOP_TOL on the 8 best logits (measured below 1.0).
-        let top_err = e.top[0].iter().map(|&(t, l)| (got[t as usize] - l).abs()).fold(0.0, f32::max);
-        assert!(top_err <= TOP_TOL, "prompt {i}: the best logits differ by {top_err:.3} (> {TOP_TOL})");
+        let top_err = e.top[0]
+            .iter()
+            .map(|&(t, l)| (got[t as usize] - l).abs())
+            .fold(0.0, f32::max);
+        assert!(
+            top_err <= TOP_TOL,
+            "prompt {i}: the best logits differ by {top_err:.3} (> {TOP_TOL})"
+        );
         if e.margins[0] > 2.0 * TOP_TOL {
             decisive += 1;
             assert_eq!(

@@ -432,13 +432,21 @@ fn requests_wait_while_the_engine_sleeps_and_run_after_wake_up() {
             tx.send(server.post("/v1/completions", &body)).unwrap();
         });
         // Asleep, the engine schedules nothing: the request waits.
-        assert!(rx.recv_timeout(Duration::from_secs(2)).is_err(), "a request ran while asleep");
+        assert!(
+            rx.recv_timeout(Duration::from_secs(2)).is_err(),
+            "a request ran while asleep"
+        );
         let r = server.post("/wake_up?tags=weights", &json!({}));
         assert_eq!(r.json()["is_sleeping"], json!(true), "{}", r.text());
-        assert!(rx.recv_timeout(Duration::from_millis(500)).is_err(), "ran with the KV cache asleep");
+        assert!(
+            rx.recv_timeout(Duration::from_millis(500)).is_err(),
+            "ran with the KV cache asleep"
+        );
         let r = server.post("/wake_up?tags=kv_cache", &json!({}));
         assert_eq!(r.json()["is_sleeping"], json!(false), "{}", r.text());
-        let r = rx.recv_timeout(Duration::from_secs(60)).expect("the request ran after wake_up");
+        let r = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the request ran after wake_up");
         assert_eq!(r.status, 200, "{}", r.text());
         assert_eq!(r.json()["choices"][0]["text"], want[0].text);
     });

@@ -278,7 +278,12 @@ fn exchange(addr: &str, case: &Case) -> Result<(u16, Vec<u8>), String> {
     let split = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| format!("the connection closed after {} bytes without a header block", raw.len()))?;
+        .ok_or_else(|| {
+            format!(
+                "the connection closed after {} bytes without a header block",
+                raw.len()
+            )
+        })?;
     let head = String::from_utf8_lossy(&raw[..split]);
     let status = head
         .split(' ')
@@ -344,8 +349,10 @@ fn fuzzed_requests_never_hurt_the_server() {
         max_shrink_iters: 64,
         ..Config::default()
     };
-    let mut runner =
-        TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes));
+    let mut runner = TestRunner::new_with_rng(
+        config,
+        TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes),
+    );
     let started = Instant::now();
     let sent = Cell::new(0u32);
     let statuses = RefCell::new(BTreeMap::<u16, u32>::new());
@@ -378,5 +385,9 @@ fn fuzzed_requests_never_hurt_the_server() {
     );
     assert_eq!(server.get("/health").status, 200);
     server.wait_idle(Duration::from_secs(60));
-    assert_eq!(greedy_text(&server), before, "the server answers differently after the run");
+    assert_eq!(
+        greedy_text(&server),
+        before,
+        "the server answers differently after the run"
+    );
 }

@@ -99,7 +99,9 @@ fn busy_step() -> SchedulerOutput {
     let new = NewRequestData {
         handle: ReqHandle(64),
         request_id: "cmpl-0123456789abcdef".into(),
-        prompt_token_ids: (0..512).map(|i: u32| i.wrapping_mul(2_654_435_761) % 49152).collect(),
+        prompt_token_ids: (0..512)
+            .map(|i: u32| i.wrapping_mul(2_654_435_761) % 49152)
+            .collect(),
         sampling_params: SamplingParams::default(),
         block_ids: (0..32).collect(),
         num_computed_tokens: 0,

@@ -132,7 +132,8 @@ pub const DEFAULT_CPU_KV_CACHE_BYTES: u64 = 256 << 20;
 impl CacheConfig {
     /// The KV-cache bytes a CPU worker gets.
     pub fn cpu_kv_cache_bytes(&self) -> u64 {
-        self.kv_cache_memory_bytes.unwrap_or(DEFAULT_CPU_KV_CACHE_BYTES)
+        self.kv_cache_memory_bytes
+            .unwrap_or(DEFAULT_CPU_KV_CACHE_BYTES)
     }
 }
 
@@ -209,7 +210,9 @@ fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D:
         Many(Vec<String>),
     }
     match OneOrMany::deserialize(d).map_err(|_| {
-        serde::de::Error::custom("expected a qualified name or a list of them, e.g. \"engine:weight-tools\"")
+        serde::de::Error::custom(
+            "expected a qualified name or a list of them, e.g. \"engine:weight-tools\"",
+        )
     })? {
         OneOrMany::One(name) => Ok(vec![name]),
         OneOrMany::Many(names) => Ok(names),
@@ -218,7 +221,11 @@ fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D:
 
 impl Default for WorkerConfig {
     fn default() -> Self {
-        WorkerConfig { cls: "auto".into(), num_threads: 0, extension: Vec::new() }
+        WorkerConfig {
+            cls: "auto".into(),
+            num_threads: 0,
+            extension: Vec::new(),
+        }
     }
 }
 
@@ -454,7 +461,8 @@ fn gpu_worker_refusal() -> Option<String> {
     );
     #[cfg(feature = "cuda")]
     (crate::cuda::device::device_count() == 0).then(|| {
-        "is `gpu` but no CUDA GPU is visible (no libcuda, or no device); use `auto` or `cpu`".to_string()
+        "is `gpu` but no CUDA GPU is visible (no libcuda, or no device); use `auto` or `cpu`"
+            .to_string()
     })
 }
 
@@ -467,23 +475,30 @@ impl EngineConfig {
     pub fn load(file: Option<&Path>, overrides: &[String]) -> Result<EngineConfig, ConfigError> {
         let mut table = match file {
             Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|source| ConfigError::Io { path: path.to_path_buf(), source })?;
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
                 // First pass: the file alone, so errors carry its line numbers.
                 toml::from_str::<EngineConfig>(&text).map_err(|e| ConfigError::Parse {
                     path: path.to_path_buf(),
                     message: e.to_string().trim_end().to_string(),
                 })?;
-                text.parse::<toml::Table>().expect("parsed as a config just above")
+                text.parse::<toml::Table>()
+                    .expect("parsed as a config just above")
             }
             None => toml::Table::new(),
         };
         for item in overrides {
             apply_override(&mut table, item)?;
         }
-        let config: EngineConfig = toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| {
-            ConfigError::Override { item: overrides.join(" "), message: e.message().to_string() }
-        })?;
+        let config: EngineConfig =
+            toml::Value::Table(table)
+                .try_into()
+                .map_err(|e: toml::de::Error| ConfigError::Override {
+                    item: overrides.join(" "),
+                    message: e.message().to_string(),
+                })?;
         config.validate()?;
         Ok(config)
     }
@@ -495,34 +510,64 @@ impl EngineConfig {
             return invalid("scheduler.max_num_seqs", "must be at least 1".into());
         }
         if self.scheduler.max_num_batched_tokens == 0 {
-            return invalid("scheduler.max_num_batched_tokens", "must be at least 1".into());
+            return invalid(
+                "scheduler.max_num_batched_tokens",
+                "must be at least 1".into(),
+            );
         }
         if !(1..=1024).contains(&self.cache.block_size) {
-            return invalid("cache.block_size", format!("must be in 1..=1024, got {}", self.cache.block_size));
+            return invalid(
+                "cache.block_size",
+                format!("must be in 1..=1024, got {}", self.cache.block_size),
+            );
         }
         if self.cache.kv_cache_memory_bytes == Some(0) {
-            return invalid("cache.kv_cache_memory_bytes", "must be more than 0 (or unset for the default)".into());
+            return invalid(
+                "cache.kv_cache_memory_bytes",
+                "must be more than 0 (or unset for the default)".into(),
+            );
         }
         let utilization = self.cache.gpu_memory_utilization;
         if !(utilization > 0.0 && utilization <= 1.0) {
-            return invalid("cache.gpu_memory_utilization", format!("must be in (0, 1], got {utilization}"));
+            return invalid(
+                "cache.gpu_memory_utilization",
+                format!("must be in (0, 1], got {utilization}"),
+            );
         }
         if self.parallel.tensor_parallel_size == 0 {
             return invalid("parallel.tensor_parallel_size", "must be at least 1".into());
         }
         let seconds = [
-            ("parallel.worker_start_timeout_s", self.parallel.worker_start_timeout_s),
-            ("parallel.worker_shutdown_timeout_s", self.parallel.worker_shutdown_timeout_s),
-            ("parallel.execute_model_timeout_s", self.parallel.execute_model_timeout_s),
+            (
+                "parallel.worker_start_timeout_s",
+                self.parallel.worker_start_timeout_s,
+            ),
+            (
+                "parallel.worker_shutdown_timeout_s",
+                self.parallel.worker_shutdown_timeout_s,
+            ),
+            (
+                "parallel.execute_model_timeout_s",
+                self.parallel.execute_model_timeout_s,
+            ),
         ];
-        if let Some((key, v)) = seconds.into_iter().find(|(_, v)| !(v.is_finite() && *v > 0.0 && *v < 1e9)) {
-            return invalid(key, format!("must be a positive number of seconds, got {v}"));
+        if let Some((key, v)) = seconds
+            .into_iter()
+            .find(|(_, v)| !(v.is_finite() && *v > 0.0 && *v < 1e9))
+        {
+            return invalid(
+                key,
+                format!("must be a positive number of seconds, got {v}"),
+            );
         }
         let backend = &self.parallel.distributed_executor_backend;
         if !EXECUTOR_BACKENDS.contains(&backend.as_str()) {
             return invalid(
                 "parallel.distributed_executor_backend",
-                format!("is `{backend}`; known backends: {}", EXECUTOR_BACKENDS.join(", ")),
+                format!(
+                    "is `{backend}`; known backends: {}",
+                    EXECUTOR_BACKENDS.join(", ")
+                ),
             );
         }
         // Whether the size divides the model's heads is checked where the
@@ -543,24 +588,46 @@ impl EngineConfig {
             ("server.max_prompts", self.server.max_prompts),
             ("server.max_prompt_bytes", self.server.max_prompt_bytes),
             ("server.max_messages", self.server.max_messages),
-            ("server.max_waiting_requests", self.server.max_waiting_requests),
+            (
+                "server.max_waiting_requests",
+                self.server.max_waiting_requests,
+            ),
             ("server.max_connections", self.server.max_connections),
         ];
         if let Some((key, _)) = server_sizes.into_iter().find(|(_, v)| *v == 0) {
             return invalid(key, "must be more than 0".into());
         }
         let server_seconds = [
-            ("server.header_read_timeout_s", self.server.header_read_timeout_s),
-            ("server.body_read_timeout_s", self.server.body_read_timeout_s),
-            ("server.idle_connection_timeout_s", self.server.idle_connection_timeout_s),
+            (
+                "server.header_read_timeout_s",
+                self.server.header_read_timeout_s,
+            ),
+            (
+                "server.body_read_timeout_s",
+                self.server.body_read_timeout_s,
+            ),
+            (
+                "server.idle_connection_timeout_s",
+                self.server.idle_connection_timeout_s,
+            ),
         ];
-        if let Some((key, v)) = server_seconds.into_iter().find(|(_, v)| !(v.is_finite() && *v > 0.0 && *v < 1e9)) {
-            return invalid(key, format!("must be a positive number of seconds, got {v}"));
+        if let Some((key, v)) = server_seconds
+            .into_iter()
+            .find(|(_, v)| !(v.is_finite() && *v > 0.0 && *v < 1e9))
+        {
+            return invalid(
+                key,
+                format!("must be a positive number of seconds, got {v}"),
+            );
         }
         if !WORKER_CLASSES.contains(&self.worker.cls.as_str()) {
             return invalid(
                 "worker.cls",
-                format!("is `{}`; known worker classes: {}", self.worker.cls, WORKER_CLASSES.join(", ")),
+                format!(
+                    "is `{}`; known worker classes: {}",
+                    self.worker.cls,
+                    WORKER_CLASSES.join(", ")
+                ),
             );
         }
         if self.worker.cls == "gpu" {
@@ -588,8 +655,13 @@ impl EngineConfig {
 /// Sets `section.key = value` in `table`; the value is parsed as TOML and,
 /// failing that, taken as a string, so `model.path=foo.gguf` works unquoted.
 fn apply_override(table: &mut toml::Table, item: &str) -> Result<(), ConfigError> {
-    let err = |message: &str| ConfigError::Override { item: item.to_string(), message: message.to_string() };
-    let (key, raw) = item.split_once('=').ok_or_else(|| err("expected `section.key=value`"))?;
+    let err = |message: &str| ConfigError::Override {
+        item: item.to_string(),
+        message: message.to_string(),
+    };
+    let (key, raw) = item
+        .split_once('=')
+        .ok_or_else(|| err("expected `section.key=value`"))?;
     let path: Vec<&str> = key.trim().split('.').collect();
     if path.iter().any(|p| p.is_empty()) {
         return Err(err("expected `section.key=value`"));
@@ -651,7 +723,9 @@ mod tests {
     #[test]
     fn unknown_key_names_the_key_and_line() {
         let file = write("[scheduler]\nmax_num_seqs = 8\nmax_num_seqz = 9\n");
-        let msg = EngineConfig::load(Some(file.path()), &[]).unwrap_err().to_string();
+        let msg = EngineConfig::load(Some(file.path()), &[])
+            .unwrap_err()
+            .to_string();
         assert!(msg.contains("max_num_seqz"), "{msg}");
         assert!(msg.contains("line 3"), "{msg}");
         assert!(msg.contains(&file.path().display().to_string()), "{msg}");
@@ -660,8 +734,13 @@ mod tests {
     #[test]
     fn wrong_type_names_the_key_and_line() {
         let file = write("[cache]\n\nblock_size = \"sixteen\"\n");
-        let msg = EngineConfig::load(Some(file.path()), &[]).unwrap_err().to_string();
-        assert!(msg.contains("block_size") && msg.contains("line 3"), "{msg}");
+        let msg = EngineConfig::load(Some(file.path()), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("block_size") && msg.contains("line 3"),
+            "{msg}"
+        );
     }
 
     #[test]
@@ -669,7 +748,10 @@ mod tests {
         let file = write("[scheduler]\nmax_num_seqs = 8\n[model]\npath = \"a.gguf\"\n");
         let config = EngineConfig::load(
             Some(file.path()),
-            &["scheduler.max_num_seqs=32".into(), "model.path=b.gguf".into()],
+            &[
+                "scheduler.max_num_seqs=32".into(),
+                "model.path=b.gguf".into(),
+            ],
         )
         .unwrap();
         assert_eq!(config.scheduler.max_num_seqs, 32);
@@ -678,11 +760,23 @@ mod tests {
 
     #[test]
     fn bad_overrides_are_named() {
-        for item in ["noequals", "=3", "scheduler..x=1", "scheduler.max_num_seqs=many"] {
-            let msg = EngineConfig::load(None, &[item.to_string()]).unwrap_err().to_string();
-            assert!(msg.contains(item) || msg.contains("max_num_seqs"), "{item}: {msg}");
+        for item in [
+            "noequals",
+            "=3",
+            "scheduler..x=1",
+            "scheduler.max_num_seqs=many",
+        ] {
+            let msg = EngineConfig::load(None, &[item.to_string()])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                msg.contains(item) || msg.contains("max_num_seqs"),
+                "{item}: {msg}"
+            );
         }
-        let msg = EngineConfig::load(None, &["scheduler.nope=1".into()]).unwrap_err().to_string();
+        let msg = EngineConfig::load(None, &["scheduler.nope=1".into()])
+            .unwrap_err()
+            .to_string();
         assert!(msg.contains("nope"), "{msg}");
     }
 
@@ -691,7 +785,10 @@ mod tests {
         let msg = EngineConfig::load(None, &["parallel.distributed_executor_backend=ray".into()])
             .unwrap_err()
             .to_string();
-        assert!(msg.contains("ray") && msg.contains("uni") && msg.contains("mp"), "{msg}");
+        assert!(
+            msg.contains("ray") && msg.contains("uni") && msg.contains("mp"),
+            "{msg}"
+        );
     }
 
     #[test]
@@ -704,7 +801,10 @@ mod tests {
             "parallel.worker_shutdown_timeout_s=-1",
             "parallel.worker_start_timeout_s=nan",
         ] {
-            assert!(EngineConfig::load(None, &[item.to_string()]).is_err(), "{item}");
+            assert!(
+                EngineConfig::load(None, &[item.to_string()]).is_err(),
+                "{item}"
+            );
         }
     }
 }

@@ -15,6 +15,7 @@
 
 use std::sync::Arc;
 
+mod config;
 mod host_api;
 mod input_batch;
 mod output;
@@ -22,13 +23,12 @@ pub mod proc;
 mod registry;
 mod rpc;
 mod sleep;
-mod config;
 
+pub use config::{WorkerConfig, WorkerDevice, WorkerError};
 pub use host_api::LentModel;
 pub use output::{Logprobs, ModelRunnerOutput};
 pub use registry::{DuplicateMethod, Handler, WorkerMethods};
 pub use rpc::{RpcReply, RpcRequest, RpcValue};
-pub use config::{WorkerConfig, WorkerDevice, WorkerError};
 pub use sleep::{SleepLevel, WakeTags};
 
 use crate::distributed::AllReduceGroup;
@@ -94,7 +94,10 @@ impl Worker {
             ("max_num_batched_tokens", config.max_num_batched_tokens),
             ("max_num_seqs", config.max_num_seqs),
             ("max_model_len", config.max_model_len.unwrap_or(1)),
-            ("kv_cache_memory_bytes", config.kv_cache_memory_bytes.unwrap_or(1)),
+            (
+                "kv_cache_memory_bytes",
+                config.kv_cache_memory_bytes.unwrap_or(1),
+            ),
         ];
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(WorkerError::Config(format!(
@@ -227,8 +230,14 @@ impl Worker {
     /// Why there is no runner: never loaded, or asleep at level 2.
     fn no_runner(&self, called: &'static str) -> WorkerError {
         match &self.asleep {
-            Some(a) => WorkerError::Asleep { called, what: a.what() },
-            None => WorkerError::OutOfOrder { called, missing: "load_model" },
+            Some(a) => WorkerError::Asleep {
+                called,
+                what: a.what(),
+            },
+            None => WorkerError::OutOfOrder {
+                called,
+                missing: "load_model",
+            },
         }
     }
 
@@ -293,7 +302,9 @@ impl Worker {
     /// build their own batches.
     pub fn execute_model_input(&mut self, input: &ModelInput) -> Result<Logits, WorkerError> {
         self.check_awake("execute_model_input")?;
-        Ok(self.runner_mut("execute_model_input")?.execute_model(input)?)
+        Ok(self
+            .runner_mut("execute_model_input")?
+            .execute_model(input)?)
     }
 
     /// Applies a scheduler step's deltas to the persistent batch and runs
@@ -303,15 +314,18 @@ impl Worker {
     pub fn execute_model(&mut self, so: &SchedulerOutput) -> Result<(), WorkerError> {
         self.check_awake("execute_model")?;
         if self.num_blocks == 0 {
-            return Err(WorkerError::OutOfOrder { called: "execute_model", missing: "initialize_from_config" });
+            return Err(WorkerError::OutOfOrder {
+                called: "execute_model",
+                missing: "initialize_from_config",
+            });
         }
         let plan = self.input_batch.prepare(so, &mut self.step_input)?;
         self.pending = None;
         if !self.step_input.seqs.is_empty() {
-            let runner = self
-                .runner
-                .as_deref_mut()
-                .ok_or(WorkerError::OutOfOrder { called: "execute_model", missing: "load_model" })?;
+            let runner = self.runner.as_deref_mut().ok_or(WorkerError::OutOfOrder {
+                called: "execute_model",
+                missing: "load_model",
+            })?;
             if let Some(rows) = self.input_batch.device_rows(&plan) {
                 if let Some(tokens) = runner.execute_and_sample(&self.step_input, &rows) {
                     self.pending = Some(Pending::Device(plan, tokens?));
@@ -328,8 +342,11 @@ impl Worker {
     /// `[plugins]` section as JSON) names, applied to every sampled row from
     /// the next step on (the `load_logits_processors` worker method).
     pub fn load_logits_processors(&mut self, plugins: &str) -> Result<(), WorkerError> {
-        let config: crate::config::PluginsConfig = serde_json::from_str(plugins)
-            .map_err(|e| WorkerError::Config(format!("load_logits_processors: invalid [plugins] JSON: {e}")))?;
+        let config: crate::config::PluginsConfig = serde_json::from_str(plugins).map_err(|e| {
+            WorkerError::Config(format!(
+                "load_logits_processors: invalid [plugins] JSON: {e}"
+            ))
+        })?;
         let host = crate::plugins::host_from_config(&config)?;
         if let Some(processors) = host.logits_processors(&config.logits_processors)? {
             self.input_batch.set_processors(processors);
@@ -344,17 +361,24 @@ impl Worker {
     /// request that reached the end of its known tokens, as `(handle, [token])`.
     pub fn sample_tokens(&mut self) -> Result<ModelRunnerOutput, WorkerError> {
         match self.pending.take() {
-            Some(Pending::Device(plan, tokens)) => Ok(self.input_batch.record_sampled(&plan, &tokens)?),
-            Some(Pending::Host(plan, mut logits)) => match self.input_batch.apply_processors(&plan, &mut logits) {
-                Ok(()) => Ok(self.input_batch.sample(&plan, &mut logits)?),
-                // A processor faulted under `on_error = "fail"`: the requests
-                // whose rows it was given fail; the engine and the other
-                // requests carry on.
-                Err(e) => {
-                    self.input_batch.fail(plan.sampling_handles());
-                    Ok(ModelRunnerOutput::failed(plan.sampling_handles(), &e.to_string()))
+            Some(Pending::Device(plan, tokens)) => {
+                Ok(self.input_batch.record_sampled(&plan, &tokens)?)
+            }
+            Some(Pending::Host(plan, mut logits)) => {
+                match self.input_batch.apply_processors(&plan, &mut logits) {
+                    Ok(()) => Ok(self.input_batch.sample(&plan, &mut logits)?),
+                    // A processor faulted under `on_error = "fail"`: the requests
+                    // whose rows it was given fail; the engine and the other
+                    // requests carry on.
+                    Err(e) => {
+                        self.input_batch.fail(plan.sampling_handles());
+                        Ok(ModelRunnerOutput::failed(
+                            plan.sampling_handles(),
+                            &e.to_string(),
+                        ))
+                    }
                 }
-            },
+            }
             None => Ok(ModelRunnerOutput::default()),
         }
     }

@@ -10,8 +10,8 @@ use anyhow::bail;
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
-use crate::engine::startup;
 use crate::config::EngineConfig;
+use crate::engine::startup;
 use crate::model_runner::ModelInput;
 
 /// Flags of `host bench`.
@@ -63,18 +63,26 @@ pub fn run(config: &EngineConfig, args: &BenchArgs) -> anyhow::Result<()> {
     }
     // Whole-prompt prefill in one step, as llama-bench's pp test does.
     let mut config = config.clone();
-    config.scheduler.max_num_batched_tokens = config.scheduler.max_num_batched_tokens.max(args.prompt_tokens);
+    config.scheduler.max_num_batched_tokens = config
+        .scheduler
+        .max_num_batched_tokens
+        .max(args.prompt_tokens);
     let mut session = startup::start(&config)?;
     let block_size = config.cache.block_size;
     let longest = args.prompt_tokens.max(args.gen_tokens + 1);
     let blocks = longest.div_ceil(block_size);
     if blocks > session.num_blocks {
-        bail!("the tests need {blocks} KV blocks but the cache has {}; raise --kv-cache-memory-bytes", session.num_blocks);
+        bail!(
+            "the tests need {blocks} KV blocks but the cache has {}; raise --kv-cache-memory-bytes",
+            session.num_blocks
+        );
     }
     let vocab = session.worker.model_config()?.vocab_size as u32;
     let table: Vec<u32> = (0..blocks as u32).collect();
     // Fixed pseudo-random token ids: the speed does not depend on them.
-    let tokens: Vec<u32> = (0..longest as u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % vocab).collect();
+    let tokens: Vec<u32> = (0..longest as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % vocab)
+        .collect();
 
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
@@ -97,7 +105,11 @@ pub fn run(config: &EngineConfig, args: &BenchArgs) -> anyhow::Result<()> {
         }
     }
     let results = [
-        summarize(format!("pp{}", args.prompt_tokens), args.prompt_tokens, prefill),
+        summarize(
+            format!("pp{}", args.prompt_tokens),
+            args.prompt_tokens,
+            prefill,
+        ),
         summarize(format!("tg{}", args.gen_tokens), args.gen_tokens, decode),
     ];
     let threads = match config.worker.num_threads {
@@ -109,7 +121,12 @@ pub fn run(config: &EngineConfig, args: &BenchArgs) -> anyhow::Result<()> {
     for r in &results {
         println!(
             "| {} | {threads} | {} | {:.2} ± {:.2} |",
-            config.model.path.file_name().unwrap_or_default().to_string_lossy(),
+            config
+                .model
+                .path
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy(),
             r.test,
             r.tokens_per_s_mean,
             r.tokens_per_s_stddev
@@ -127,5 +144,11 @@ fn summarize(test: String, tokens: usize, runs: Vec<f64>) -> TestResult {
     let n = runs.len() as f64;
     let mean = runs.iter().sum::<f64>() / n;
     let var = runs.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
-    TestResult { test, tokens, tokens_per_s_mean: mean, tokens_per_s_stddev: var.sqrt(), runs }
+    TestResult {
+        test,
+        tokens,
+        tokens_per_s_mean: mean,
+        tokens_per_s_stddev: var.sqrt(),
+        runs,
+    }
 }

@@ -69,7 +69,11 @@ pub fn run(config: &EngineConfig, args: &ThroughputArgs) -> anyhow::Result<()> {
                 .map(|i| ((r * 7919 + i).wrapping_mul(2_654_435_761) >> 7) % vocab)
                 .map(|t| t as u32)
                 .collect();
-            GenerateRequest { prompt: Prompt::Tokens(ids), params: params.clone(), priority: 0 }
+            GenerateRequest {
+                prompt: Prompt::Tokens(ids),
+                params: params.clone(),
+                priority: 0,
+            }
         })
         .collect();
     let started = Instant::now();
@@ -78,7 +82,11 @@ pub fn run(config: &EngineConfig, args: &ThroughputArgs) -> anyhow::Result<()> {
     for (i, r) in results.iter().enumerate() {
         match r {
             Ok(c) if c.token_ids.len() == args.output_len => {}
-            Ok(c) => bail!("request {i} generated {} tokens, not {}", c.token_ids.len(), args.output_len),
+            Ok(c) => bail!(
+                "request {i} generated {} tokens, not {}",
+                c.token_ids.len(),
+                args.output_len
+            ),
             Err(e) => bail!("request {i} was refused: {e}"),
         }
     }
@@ -96,7 +104,13 @@ pub fn run(config: &EngineConfig, args: &ThroughputArgs) -> anyhow::Result<()> {
     println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     println!(
         "| {} | {} | {} | {:.2} | {:.2} | {:.1} | {:.1} |",
-        t.num_prompts, t.input_len, t.output_len, t.elapsed_s, t.requests_per_s, t.total_tokens_per_s, t.output_tokens_per_s
+        t.num_prompts,
+        t.input_len,
+        t.output_len,
+        t.elapsed_s,
+        t.requests_per_s,
+        t.total_tokens_per_s,
+        t.output_tokens_per_s
     );
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&t)? + "\n")

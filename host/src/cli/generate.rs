@@ -62,7 +62,12 @@ pub fn run(config: &EngineConfig, args: &GenerateArgs) -> anyhow::Result<()> {
     }
 }
 
-fn run_one(config: &EngineConfig, args: &GenerateArgs, text: &str, params: SamplingParams) -> anyhow::Result<()> {
+fn run_one(
+    config: &EngineConfig,
+    args: &GenerateArgs,
+    text: &str,
+    params: SamplingParams,
+) -> anyhow::Result<()> {
     let prompt = if args.chat {
         let mut messages = Vec::new();
         if let Some(system) = &args.system {
@@ -77,7 +82,11 @@ fn run_one(config: &EngineConfig, args: &GenerateArgs, text: &str, params: Sampl
     let mut out = std::io::stdout().lock();
     let mut write_err = None;
     let results = llm.generate(
-        &[GenerateRequest { prompt, params, priority: 0 }],
+        &[GenerateRequest {
+            prompt,
+            params,
+            priority: 0,
+        }],
         |_, delta| {
             if let Err(e) = out.write_all(delta.as_bytes()).and_then(|()| out.flush()) {
                 write_err.get_or_insert(e);
@@ -89,7 +98,11 @@ fn run_one(config: &EngineConfig, args: &GenerateArgs, text: &str, params: Sampl
         return Err(e).context("writing to stdout");
     }
     writeln!(out)?;
-    let completion = results.into_iter().next().expect("one request").map_err(anyhow::Error::msg)?;
+    let completion = results
+        .into_iter()
+        .next()
+        .expect("one request")
+        .map_err(anyhow::Error::msg)?;
     tracing::info!(
         prompt_tokens = completion.num_prompt_tokens,
         generated = completion.token_ids.len(),
@@ -105,7 +118,8 @@ fn run_batch(
     output: &PathBuf,
     defaults: &SamplingParams,
 ) -> anyhow::Result<()> {
-    let file = std::fs::File::open(input).with_context(|| format!("cannot open --input {}", input.display()))?;
+    let file = std::fs::File::open(input)
+        .with_context(|| format!("cannot open --input {}", input.display()))?;
     let mut requests = Vec::new();
     for (n, line) in std::io::BufReader::new(file).lines().enumerate() {
         let line = line.with_context(|| format!("reading {}", input.display()))?;
@@ -113,16 +127,25 @@ fn run_batch(
             continue;
         }
         let at = || format!("{}:{}", input.display(), n + 1);
-        let parsed: InputLine = serde_json::from_str(&line).with_context(|| format!("{}: not a request", at()))?;
+        let parsed: InputLine =
+            serde_json::from_str(&line).with_context(|| format!("{}: not a request", at()))?;
         requests.push(to_request(parsed, defaults).with_context(at)?);
     }
     let mut llm = Llm::new(config)?;
     let bar = ProgressBar::new(requests.len() as u64);
-    bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} requests ({elapsed}, eta {eta})").expect("static template"));
-    let results = llm.generate(&requests, |_, _| {}, |done, _| bar.set_position(done as u64))?;
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} requests ({elapsed}, eta {eta})")
+            .expect("static template"),
+    );
+    let results = llm.generate(
+        &requests,
+        |_, _| {},
+        |done, _| bar.set_position(done as u64),
+    )?;
     bar.finish_and_clear();
     let mut out = std::io::BufWriter::new(
-        std::fs::File::create(output).with_context(|| format!("cannot create --output {}", output.display()))?,
+        std::fs::File::create(output)
+            .with_context(|| format!("cannot create --output {}", output.display()))?,
     );
     let mut refused = 0;
     for result in &results {
@@ -155,9 +178,16 @@ fn to_request(line: InputLine, defaults: &SamplingParams) -> anyhow::Result<Gene
         _ => bail!("give exactly one of \"prompt\" or \"messages\""),
     };
     let mut params = serde_json::to_value(defaults)?;
-    let fields = params.as_object_mut().expect("SamplingParams serialises to an object");
+    let fields = params
+        .as_object_mut()
+        .expect("SamplingParams serialises to an object");
     fields.extend(line.params);
-    let params: SamplingParams = serde_json::from_value(params).context("invalid sampling parameters")?;
+    let params: SamplingParams =
+        serde_json::from_value(params).context("invalid sampling parameters")?;
     params.validate()?;
-    Ok(GenerateRequest { prompt, params, priority: line.priority })
+    Ok(GenerateRequest {
+        prompt,
+        params,
+        priority: line.priority,
+    })
 }

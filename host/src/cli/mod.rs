@@ -107,13 +107,28 @@ impl EngineArgs {
         };
         // Paths and names are quoted so TOML never reinterprets them.
         let quoted = |s: &str| toml::Value::String(s.to_string()).to_string();
-        push("model.path", self.model.as_ref().map(|p| quoted(&p.to_string_lossy())));
+        push(
+            "model.path",
+            self.model.as_ref().map(|p| quoted(&p.to_string_lossy())),
+        );
         push("model.load_format", self.load_format.as_deref().map(quoted));
-        push("model.max_model_len", self.max_model_len.map(|v| v.to_string()));
-        push("scheduler.max_num_batched_tokens", self.max_num_batched_tokens.map(|v| v.to_string()));
+        push(
+            "model.max_model_len",
+            self.max_model_len.map(|v| v.to_string()),
+        );
+        push(
+            "scheduler.max_num_batched_tokens",
+            self.max_num_batched_tokens.map(|v| v.to_string()),
+        );
         push("cache.block_size", self.block_size.map(|v| v.to_string()));
-        push("cache.kv_cache_memory_bytes", self.kv_cache_memory_bytes.map(|v| v.to_string()));
-        push("worker.num_threads", self.num_threads.map(|v| v.to_string()));
+        push(
+            "cache.kv_cache_memory_bytes",
+            self.kv_cache_memory_bytes.map(|v| v.to_string()),
+        );
+        push(
+            "worker.num_threads",
+            self.num_threads.map(|v| v.to_string()),
+        );
         out
     }
 
@@ -132,7 +147,9 @@ impl EngineArgs {
 pub fn main() -> ExitCode {
     init_tracing();
     let cli = Cli::parse();
-    let command = cli.command.unwrap_or_else(|| Command::Serve(serve::ServeArgs::default()));
+    let command = cli
+        .command
+        .unwrap_or_else(|| Command::Serve(serve::ServeArgs::default()));
     let more = match &command {
         Command::Serve(args) => args.overrides(),
         _ => Vec::new(),
@@ -162,5 +179,8 @@ pub fn main() -> ExitCode {
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }

@@ -52,7 +52,10 @@ pub struct SamplingArgs {
 impl SamplingArgs {
     /// The flags over vLLM's defaults, validated.
     pub fn to_params(&self) -> anyhow::Result<SamplingParams> {
-        let mut p = SamplingParams { max_tokens: self.max_tokens, ..SamplingParams::default() };
+        let mut p = SamplingParams {
+            max_tokens: self.max_tokens,
+            ..SamplingParams::default()
+        };
         let set = |dst: &mut f32, v: Option<f32>| {
             if let Some(v) = v {
                 *dst = v;

@@ -247,7 +247,11 @@ impl GpuModelRunner {
 
     /// The forward pass; the logits stay on the device (for device
     /// sampling): rows `0..input.seqs.len()` of the returned buffer.
-    pub fn forward(&mut self, gpu: &Gpu, input: &ModelInput) -> Result<&mut CudaSlice<f32>, GpuError> {
+    pub fn forward(
+        &mut self,
+        gpu: &Gpu,
+        input: &ModelInput,
+    ) -> Result<&mut CudaSlice<f32>, GpuError> {
         let kv = self.kv.as_mut().ok_or_else(|| {
             GpuError::Unsupported(
                 "the KV cache is not allocated; call initialize_kv_cache first".into(),

@@ -163,8 +163,16 @@ impl DeviceWeights {
     pub fn download(&self, gpu: &Gpu) -> Result<HostWeights, GpuError> {
         let s = &gpu.stream;
         Ok(HostWeights {
-            matrices: self.matrices().into_iter().map(|t| s.memcpy_dtov(t)).collect::<Result<_, _>>()?,
-            norms: self.norms().into_iter().map(|t| s.memcpy_dtov(t)).collect::<Result<_, _>>()?,
+            matrices: self
+                .matrices()
+                .into_iter()
+                .map(|t| s.memcpy_dtov(t))
+                .collect::<Result<_, _>>()?,
+            norms: self
+                .norms()
+                .into_iter()
+                .map(|t| s.memcpy_dtov(t))
+                .collect::<Result<_, _>>()?,
             has_lm_head: self.lm_head.is_some(),
         })
     }
@@ -173,10 +181,16 @@ impl DeviceWeights {
     /// changed: a norm, a single matrix, or the whole stacked QKV or
     /// gate/up matrix it is part of (same size, same buffer, so captured
     /// CUDA graphs stay valid).
-    pub fn reload(&mut self, gpu: &Gpu, weights: &ModelWeights, name: &str) -> Result<(), GpuError> {
+    pub fn reload(
+        &mut self,
+        gpu: &Gpu,
+        weights: &ModelWeights,
+        name: &str,
+    ) -> Result<(), GpuError> {
         let s = &gpu.stream;
         let bf16 = |dst: &mut CudaSlice<u16>, src: &[&Tensor]| s.memcpy_htod(&bf16_rows(src), dst);
-        let norm = |dst: &mut CudaSlice<f32>, src: &Tensor| s.memcpy_htod(&dequant::dequantize(src), dst);
+        let norm =
+            |dst: &mut CudaSlice<f32>, src: &Tensor| s.memcpy_htod(&dequant::dequantize(src), dst);
         if name == weights.embed.name {
             return Ok(bf16(&mut self.embed, &[&weights.embed])?);
         }
@@ -204,7 +218,9 @@ impl DeviceWeights {
                 return Ok(norm(&mut dst.ffn_norm, &l.ffn_norm)?);
             }
         }
-        Err(GpuError::Unsupported(format!("no weight named `{name}` on the device")))
+        Err(GpuError::Unsupported(format!(
+            "no weight named `{name}` on the device"
+        )))
     }
 }
 
@@ -231,7 +247,11 @@ impl HostWeights {
         let missing = || GpuError::Unsupported("the offloaded weights are incomplete".into());
         let mut next_m = || m.next().ok_or_else(missing).and_then(|r| Ok(r?));
         let embed = next_m()?;
-        let lm_head = if self.has_lm_head { Some(next_m()?) } else { None };
+        let lm_head = if self.has_lm_head {
+            Some(next_m()?)
+        } else {
+            None
+        };
         let num_layers = (self.norms.len().saturating_sub(1)) / 2;
         let mut layers = Vec::with_capacity(num_layers);
         let mut next_n = || n.next().ok_or_else(missing).and_then(|r| Ok(r?));

@@ -66,7 +66,9 @@ impl EngineCoreClient {
     /// Loads the model and starts the engine core on its own threads (the
     /// busy loop and the output thread) in this process. Returns the client
     /// and the tokenizer the frontend needs.
-    pub fn start_in_process(config: &EngineConfig) -> anyhow::Result<(EngineCoreClient, Tokenizer)> {
+    pub fn start_in_process(
+        config: &EngineConfig,
+    ) -> anyhow::Result<(EngineCoreClient, Tokenizer)> {
         let (core, tokenizer) = startup::build_engine_core(config)?;
         let max_model_len = core.scheduler().config().max_model_len as usize;
         let shared = Arc::new(Shared::new(core.stats()));
@@ -81,9 +83,21 @@ impl EngineCoreClient {
                 .name("engine-output".into())
                 .spawn(move || run_output_thread(output_rx, &shared))?
         };
-        let transport = Transport::InProcess { input: input_tx, threads: Mutex::new(vec![busy, output]) };
-        let inner = Inner { transport, shared, max_model_len };
-        Ok((EngineCoreClient { inner: Arc::new(inner) }, tokenizer))
+        let transport = Transport::InProcess {
+            input: input_tx,
+            threads: Mutex::new(vec![busy, output]),
+        };
+        let inner = Inner {
+            transport,
+            shared,
+            max_model_len,
+        };
+        Ok((
+            EngineCoreClient {
+                inner: Arc::new(inner),
+            },
+            tokenizer,
+        ))
     }
 
     /// Starts the engine core in its own process (the hidden `host
@@ -93,8 +107,17 @@ impl EngineCoreClient {
     pub fn start_process(config: &EngineConfig) -> anyhow::Result<(EngineCoreClient, Tokenizer)> {
         let tokenizer = startup::load_tokenizer(config)?;
         let (transport, shared, max_model_len) = ProcessTransport::start(config)?;
-        let inner = Inner { transport: Transport::Process(transport), shared, max_model_len };
-        Ok((EngineCoreClient { inner: Arc::new(inner) }, tokenizer))
+        let inner = Inner {
+            transport: Transport::Process(transport),
+            shared,
+            max_model_len,
+        };
+        Ok((
+            EngineCoreClient {
+                inner: Arc::new(inner),
+            },
+            tokenizer,
+        ))
     }
 
     /// Queues a request; its outputs arrive on the returned stream. An id
@@ -103,14 +126,23 @@ impl EngineCoreClient {
         self.check_alive()?;
         let (tx, rx) = mpsc::unbounded_channel();
         let Some(internal_id) = self.inner.shared.register(&req.request_id, tx) else {
-            return Err(EngineCoreError::Rejected(format!("request id `{}` is already in use", req.request_id)));
+            return Err(EngineCoreError::Rejected(format!(
+                "request id `{}` is already in use",
+                req.request_id
+            )));
         };
         let request_id = std::mem::replace(&mut req.request_id, internal_id.clone());
         if self.send_add(req).is_err() {
             self.inner.shared.unregister(&internal_id);
             return Err(self.dead_error());
         }
-        Ok(OutputStream { request_id, internal_id, rx, client: self.clone(), finished: false })
+        Ok(OutputStream {
+            request_id,
+            internal_id,
+            rx,
+            client: self.clone(),
+            finished: false,
+        })
     }
 
     /// Aborts requests by id; unknown or finished ids are ignored.
@@ -125,7 +157,9 @@ impl EngineCoreClient {
         }
         // A dead engine has nothing left to abort.
         let _ = match &self.inner.transport {
-            Transport::InProcess { input, .. } => input.send(CoreInput::Abort(internal_ids)).map_err(drop),
+            Transport::InProcess { input, .. } => {
+                input.send(CoreInput::Abort(internal_ids)).map_err(drop)
+            }
             Transport::Process(p) => p.send(&ClientMessage::Abort(internal_ids)).map_err(drop),
         };
     }
@@ -170,7 +204,11 @@ impl EngineCoreClient {
             Transport::Process(p) => return p.call_utility(method, &args),
         };
         let (reply, answer) = std_mpsc::sync_channel(1);
-        let msg = CoreInput::Utility { method: method.to_string(), args: Ok(args), reply: UtilityReply::Local(reply) };
+        let msg = CoreInput::Utility {
+            method: method.to_string(),
+            args: Ok(args),
+            reply: UtilityReply::Local(reply),
+        };
         input.send(msg).map_err(|_| self.dead_error())?;
         match answer.recv() {
             Ok(result) => result.map_err(EngineCoreError::Utility),
@@ -185,7 +223,8 @@ impl EngineCoreClient {
         match &self.inner.transport {
             Transport::InProcess { input, threads } => {
                 let _ = input.send(CoreInput::Shutdown { drain });
-                let threads = std::mem::take(&mut *threads.lock().unwrap_or_else(|e| e.into_inner()));
+                let threads =
+                    std::mem::take(&mut *threads.lock().unwrap_or_else(|e| e.into_inner()));
                 for t in threads {
                     let _ = t.join();
                 }
@@ -198,7 +237,10 @@ impl EngineCoreClient {
     /// error, `None` after a shutdown.
     pub async fn stopped(&self) -> Option<String> {
         let mut rx = self.inner.shared.watch_liveness();
-        let state = rx.wait_for(|l| *l != Liveness::Alive).await.map(|l| l.clone());
+        let state = rx
+            .wait_for(|l| *l != Liveness::Alive)
+            .await
+            .map(|l| l.clone());
         match state {
             Ok(Liveness::Dead(reason)) => Some(reason),
             _ => None,
@@ -263,7 +305,8 @@ impl OutputStream {
 impl Drop for OutputStream {
     fn drop(&mut self) {
         if !self.finished && self.client.inner.shared.unregister(&self.internal_id) {
-            self.client.abort_internal(vec![std::mem::take(&mut self.internal_id)]);
+            self.client
+                .abort_internal(vec![std::mem::take(&mut self.internal_id)]);
         }
     }
 }

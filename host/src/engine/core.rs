@@ -13,12 +13,13 @@ use thiserror::Error;
 use super::executor::{Executor, ExecutorError, StepFuture};
 
 mod utility;
-pub use utility::UTILITY_METHODS;
 use crate::sampling::SamplingParams;
-use crate::worker::Logprobs;
 use crate::scheduler::{
-    FinishReason, Request, RequestOutput, Scheduler, SchedulerError, SchedulerOutput, SchedulerStats,
+    FinishReason, Request, RequestOutput, Scheduler, SchedulerError, SchedulerOutput,
+    SchedulerStats,
 };
+use crate::worker::Logprobs;
+pub use utility::UTILITY_METHODS;
 
 /// A request as the engine core receives it: already tokenized.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -222,7 +223,8 @@ impl EngineCore {
         let t1 = Instant::now();
         let sampled = step.wait()?;
         let t2 = Instant::now();
-        self.scheduler.update_from_output_into(&so, &sampled.sampled, &mut self.outputs);
+        self.scheduler
+            .update_from_output_into(&so, &sampled.sampled, &mut self.outputs);
         let failed = sampled.failed.iter().map(|(h, _)| h);
         self.scheduler.fail_requests(failed, &mut self.outputs);
         let t3 = Instant::now();
@@ -231,7 +233,11 @@ impl EngineCore {
         let mut out = Vec::with_capacity(self.outputs.len());
         for o in &self.outputs {
             self.num_generation_tokens += o.new_token_ids.len() as u64;
-            let request_id = self.scheduler.request_id(o.handle).unwrap_or_default().to_string();
+            let request_id = self
+                .scheduler
+                .request_id(o.handle)
+                .unwrap_or_default()
+                .to_string();
             out.push(EngineCoreOutput {
                 request_id,
                 new_token_ids: o.new_token_ids.to_vec(),

@@ -88,7 +88,11 @@ pub(crate) enum CoreOutput {
 
 /// Runs the busy loop until shutdown or a fatal error; on an error the last
 /// message to the output thread is the engine-dead sentinel.
-pub(crate) fn run_busy_loop(mut core: EngineCore, inputs: Receiver<CoreInput>, outputs: Sender<CoreOutput>) {
+pub(crate) fn run_busy_loop(
+    mut core: EngineCore,
+    inputs: Receiver<CoreInput>,
+    outputs: Sender<CoreOutput>,
+) {
     let mut stopping: Option<bool> = None;
     // A message read mid-step that must wait for the step boundary.
     let mut deferred: Vec<CoreInput> = Vec::new();
@@ -171,16 +175,28 @@ fn take_requests(
     }
 }
 
-fn handle(core: &mut EngineCore, msg: CoreInput, outputs: &Sender<CoreOutput>, stopping: &mut Option<bool>) {
+fn handle(
+    core: &mut EngineCore,
+    msg: CoreInput,
+    outputs: &Sender<CoreOutput>,
+    stopping: &mut Option<bool>,
+) {
     match msg {
         CoreInput::Add(req) => {
             let request_id = req.request_id.clone();
             if let Err(e) = core.add_request(req) {
-                let _ = outputs.send(CoreOutput::Rejected { request_id, reason: e.to_string() });
+                let _ = outputs.send(CoreOutput::Rejected {
+                    request_id,
+                    reason: e.to_string(),
+                });
             }
         }
         CoreInput::Abort(ids) => core.abort_requests(&ids),
-        CoreInput::Utility { method, args, reply } => {
+        CoreInput::Utility {
+            method,
+            args,
+            reply,
+        } => {
             let result = args.and_then(|args| core.call_utility(&method, args));
             match reply {
                 UtilityReply::Local(tx) => {

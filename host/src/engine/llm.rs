@@ -8,9 +8,9 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::core::{EngineCore, EngineCoreRequest, EngineStats};
+use super::output_processor::{Finish, RequestMetrics, RequestState};
 use super::startup;
 use crate::config::EngineConfig;
-use super::output_processor::{Finish, RequestMetrics, RequestState};
 use crate::sampling::SamplingParams;
 use crate::tokenizer::{ChatMessage, Tokenizer};
 use crate::worker::Logprobs;
@@ -78,7 +78,11 @@ impl Llm {
     /// Loads the model and starts the engine the configuration describes.
     pub fn new(config: &EngineConfig) -> anyhow::Result<Llm> {
         let (core, tokenizer) = startup::build_engine_core(config)?;
-        Ok(Llm { core, tokenizer, next_id: 0 })
+        Ok(Llm {
+            core,
+            tokenizer,
+            next_id: 0,
+        })
     }
 
     /// The tokenizer.
@@ -110,7 +114,9 @@ impl Llm {
         }
         match self.core.call_utility("collective_rpc", call)? {
             serde_json::Value::Array(replies) => Ok(replies),
-            other => Err(format!("collective_rpc returned {other} instead of a list of replies")),
+            other => Err(format!(
+                "collective_rpc returned {other} instead of a list of replies"
+            )),
         }
     }
 
@@ -140,7 +146,9 @@ impl Llm {
             .iter()
             .map(|(name, values)| (name.to_string(), serde_json::json!(values)))
             .collect();
-        self.core.call_utility("update_weights", serde_json::Value::Object(object)).map(drop)
+        self.core
+            .call_utility("update_weights", serde_json::Value::Object(object))
+            .map(drop)
     }
 
     /// The prompt's token ids.
@@ -199,17 +207,30 @@ impl Llm {
                 num_prompt_tokens: ids.len(),
                 num_cached_tokens: 0,
                 logprobs: Vec::new(),
-                finish: Finish { finish_reason: String::new(), stop_reason: None, error: None },
+                finish: Finish {
+                    finish_reason: String::new(),
+                    stop_reason: None,
+                    error: None,
+                },
                 metrics: RequestMetrics::default(),
             };
             let state = RequestState::new(&self.tokenizer, &req.params);
-            live.insert(request_id, Live { index, state, completion });
+            live.insert(
+                request_id,
+                Live {
+                    index,
+                    state,
+                    completion,
+                },
+            );
         }
         done += results.iter().filter(|r| r.is_some()).count();
         while !live.is_empty() {
             let mut stopped = Vec::new();
             for out in self.core.step()? {
-                let Some(req) = live.get_mut(&out.request_id) else { continue };
+                let Some(req) = live.get_mut(&out.request_id) else {
+                    continue;
+                };
                 let delta = req.state.process(&out)?;
                 on_text(req.index, &delta.text);
                 let c = &mut req.completion;
@@ -238,6 +259,9 @@ impl Llm {
             // Free the blocks of requests a stop string ended.
             self.core.abort_requests(&stopped);
         }
-        Ok(results.into_iter().map(|r| r.expect("every request finished or was refused")).collect())
+        Ok(results
+            .into_iter()
+            .map(|r| r.expect("every request finished or was refused"))
+            .collect())
     }
 }

@@ -14,11 +14,13 @@ mod shared;
 pub mod startup;
 
 pub use self::core::{
-    EngineCore, EngineCoreOutput, EngineCoreRequest, EngineError, EngineStats, StepTimings, UTILITY_METHODS,
+    EngineCore, EngineCoreOutput, EngineCoreRequest, EngineError, EngineStats, StepTimings,
+    UTILITY_METHODS,
 };
 pub use client::{EngineCoreClient, EngineCoreError, OutputStream};
 pub use executor::{
-    executor_for, Executor, ExecutorError, MultiprocExecutor, RpcFuture, StepFuture, UniProcExecutor,
+    executor_for, Executor, ExecutorError, MultiprocExecutor, RpcFuture, StepFuture,
+    UniProcExecutor,
 };
 pub use llm::{Completion, GenerateRequest, Llm, Prompt};
 pub use output_processor::{Delta, Finish, RequestMetrics, RequestState};

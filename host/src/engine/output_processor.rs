@@ -89,8 +89,11 @@ impl RequestState {
             delta.text.push_str(&update.text);
             if let Some(stop) = update.stop {
                 self.finished = true;
-                delta.finish =
-                    Some(Finish { finish_reason: "stop".into(), stop_reason: Some(stop.into()), error: None });
+                delta.finish = Some(Finish {
+                    finish_reason: "stop".into(),
+                    stop_reason: Some(stop.into()),
+                    error: None,
+                });
                 return Ok(delta);
             }
         }
@@ -102,7 +105,11 @@ impl RequestState {
                 FinishReason::StopToken(t) => Some(t.into()),
                 _ => None,
             };
-            delta.finish = Some(Finish { finish_reason: reason.as_str().into(), stop_reason, error: out.error.clone() });
+            delta.finish = Some(Finish {
+                finish_reason: reason.as_str().into(),
+                stop_reason,
+                error: out.error.clone(),
+            });
         }
         Ok(delta)
     }

@@ -69,15 +69,23 @@ impl Shared {
 
     /// Registers a request's stream and returns the internal id the engine
     /// core will know it by; `None` when the client's id is already live.
-    pub(crate) fn register(&self, request_id: &str, tx: mpsc::UnboundedSender<StreamItem>) -> Option<String> {
+    pub(crate) fn register(
+        &self,
+        request_id: &str,
+        tx: mpsc::UnboundedSender<StreamItem>,
+    ) -> Option<String> {
         let mut streams = lock(&self.streams);
         if streams.by_client.contains_key(request_id) {
             return None;
         }
         streams.next_seq += 1;
         let internal = format!("{request_id}#{}", streams.next_seq);
-        streams.by_client.insert(request_id.to_string(), internal.clone());
-        streams.by_internal.insert(internal.clone(), (request_id.to_string(), tx));
+        streams
+            .by_client
+            .insert(request_id.to_string(), internal.clone());
+        streams
+            .by_internal
+            .insert(internal.clone(), (request_id.to_string(), tx));
         Some(internal)
     }
 
@@ -85,7 +93,10 @@ impl Shared {
     /// returns their internal ids, to abort in the core.
     pub(crate) fn unregister_client_ids(&self, request_ids: &[String]) -> Vec<String> {
         let mut streams = lock(&self.streams);
-        let internal: Vec<String> = request_ids.iter().filter_map(|id| streams.by_client.get(id).cloned()).collect();
+        let internal: Vec<String> = request_ids
+            .iter()
+            .filter_map(|id| streams.by_client.get(id).cloned())
+            .collect();
         for id in &internal {
             streams.remove(id);
         }
@@ -103,7 +114,9 @@ impl Shared {
         let mut streams = lock(&self.streams);
         for mut out in outputs {
             let finished = out.finish_reason.is_some();
-            let Some((client_id, tx)) = streams.by_internal.get(&out.request_id) else { continue };
+            let Some((client_id, tx)) = streams.by_internal.get(&out.request_id) else {
+                continue;
+            };
             let internal = std::mem::replace(&mut out.request_id, client_id.clone());
             // A receiver already gone has aborted (or will, on drop).
             let _ = tx.send(Ok(out));
@@ -124,7 +137,9 @@ impl Shared {
     /// already was, then ends every stream with the sentinel; in that order, so a client that sees
     /// the sentinel also sees the engine as not alive.
     pub(crate) fn stop(&self, died: Option<String>) {
-        let reason = died.clone().unwrap_or_else(|| "the engine was shut down".into());
+        let reason = died
+            .clone()
+            .unwrap_or_else(|| "the engine was shut down".into());
         // The first word on why the engine stopped is the one that stands.
         self.liveness.send_if_modified(|state| {
             let first = *state == Liveness::Alive;

@@ -81,18 +81,21 @@ pub fn build_engine_core(config: &EngineConfig) -> anyhow::Result<(EngineCore, T
     spinner.finish_and_clear();
     let sched = &config.scheduler;
     let policy = scheduling_policy(config)?;
-    let scheduler = Scheduler::with_policy(SchedulerConfig {
-        max_num_seqs: u32::try_from(sched.max_num_seqs)?,
-        max_num_batched_tokens: u32::try_from(sched.max_num_batched_tokens)?,
-        max_model_len: u32::try_from(max_model_len)?,
-        long_prefill_token_threshold: u32::try_from(sched.long_prefill_token_threshold)?,
-        enable_chunked_prefill: sched.enable_chunked_prefill,
-        block_size: u32::try_from(config.cache.block_size)?,
-        num_blocks: u32::try_from(num_blocks)?,
-        enable_prefix_caching: config.cache.enable_prefix_caching,
-        eos_token_id: tokenizer.eos_token_id(),
-        policy: policy.name().to_string(),
-    }, policy)?;
+    let scheduler = Scheduler::with_policy(
+        SchedulerConfig {
+            max_num_seqs: u32::try_from(sched.max_num_seqs)?,
+            max_num_batched_tokens: u32::try_from(sched.max_num_batched_tokens)?,
+            max_model_len: u32::try_from(max_model_len)?,
+            long_prefill_token_threshold: u32::try_from(sched.long_prefill_token_threshold)?,
+            enable_chunked_prefill: sched.enable_chunked_prefill,
+            block_size: u32::try_from(config.cache.block_size)?,
+            num_blocks: u32::try_from(num_blocks)?,
+            enable_prefix_caching: config.cache.enable_prefix_caching,
+            eos_token_id: tokenizer.eos_token_id(),
+            policy: policy.name().to_string(),
+        },
+        policy,
+    )?;
     let core = EngineCore::new(scheduler, executor).with_async_scheduling(sched.async_scheduling);
     Ok((core, tokenizer))
 }
@@ -102,7 +105,11 @@ pub fn build_engine_core(config: &EngineConfig) -> anyhow::Result<(EngineCore, T
 /// An explicitly configured length that does not fit is an error, as in
 /// vLLM; the model's own is lowered to what fits, with a warning, so the
 /// defaults always start.
-fn fit_to_kv_cache(max_model_len: usize, kv_tokens: usize, explicit: bool) -> anyhow::Result<usize> {
+fn fit_to_kv_cache(
+    max_model_len: usize,
+    kv_tokens: usize,
+    explicit: bool,
+) -> anyhow::Result<usize> {
     if max_model_len <= kv_tokens {
         return Ok(max_model_len);
     }
@@ -122,7 +129,9 @@ fn fit_to_kv_cache(max_model_len: usize, kv_tokens: usize, explicit: bool) -> an
 /// The policy `scheduler.policy` names: a built-in, or a plugin made known
 /// by `[plugins]` (the WebAssembly engine starts only when plugins are
 /// configured).
-fn scheduling_policy(config: &EngineConfig) -> anyhow::Result<Box<dyn crate::scheduler::SchedulingPolicy>> {
+fn scheduling_policy(
+    config: &EngineConfig,
+) -> anyhow::Result<Box<dyn crate::scheduler::SchedulingPolicy>> {
     crate::plugins::scheduling_policy(&config.scheduler.policy, &config.plugins)
 }
 
@@ -217,6 +226,9 @@ mod tests {
         assert_eq!(fit_to_kv_cache(8192, 5824, false).unwrap(), 5824);
         // A configured one that does not fit is the user's to fix.
         let err = fit_to_kv_cache(8192, 5824, true).unwrap_err().to_string();
-        assert!(err.contains("model.max_model_len = 8192") && err.contains("kv_cache_memory_bytes"), "{err}");
+        assert!(
+            err.contains("model.max_model_len = 8192") && err.contains("kv_cache_memory_bytes"),
+            "{err}"
+        );
     }
 }

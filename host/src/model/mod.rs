@@ -102,7 +102,11 @@ impl DType {
 #[derive(Clone, Debug)]
 pub enum Storage {
     /// A slice `[offset, offset + len)` of a shared memory map.
-    Mapped { map: Arc<Mmap>, offset: usize, len: usize },
+    Mapped {
+        map: Arc<Mmap>,
+        offset: usize,
+        len: usize,
+    },
     /// Bytes owned by the tensor (converted or generated weights).
     Owned(Arc<Vec<u8>>),
 }
@@ -139,7 +143,11 @@ impl Tensor {
 
     /// Rows of a matrix (1 for a vector).
     pub fn rows(&self) -> usize {
-        if self.shape.len() >= 2 { self.shape[..self.shape.len() - 1].iter().product() } else { 1 }
+        if self.shape.len() >= 2 {
+            self.shape[..self.shape.len() - 1].iter().product()
+        } else {
+            1
+        }
     }
 
     /// Columns of a matrix (the length of a vector).
@@ -193,7 +201,17 @@ impl ModelWeights {
         let mut all = vec![&self.embed, &self.final_norm];
         all.extend(&self.lm_head);
         for l in &self.layers {
-            all.extend([&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down]);
+            all.extend([
+                &l.attn_norm,
+                &l.wq,
+                &l.wk,
+                &l.wv,
+                &l.wo,
+                &l.ffn_norm,
+                &l.w_gate,
+                &l.w_up,
+                &l.w_down,
+            ]);
         }
         all
     }

@@ -37,7 +37,11 @@ impl ModelInput {
         ModelInput {
             token_ids: tokens.to_vec(),
             positions: (start as u32..end as u32).collect(),
-            seqs: vec![SeqInput { query_len: tokens.len(), context_len: end, block_table }],
+            seqs: vec![SeqInput {
+                query_len: tokens.len(),
+                context_len: end,
+                block_table,
+            }],
         }
     }
 }

@@ -21,10 +21,10 @@ use thiserror::Error;
 
 pub use cpu::{CpuModelRunner, RunnerConfig};
 pub use device_runner::{DeviceRunner, DeviceSampleRow, KvCacheBudget};
-pub use input::{ModelInput, SeqInput};
 /// The limits a step is validated against (shared with the CUDA runner).
 #[cfg(feature = "cuda")]
 pub(crate) use input::Limits as InputLimits;
+pub use input::{ModelInput, SeqInput};
 pub use kv_cache::{KvCache, KvCacheShape};
 
 use crate::distributed::AllReduceError;

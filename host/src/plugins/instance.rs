@@ -41,7 +41,10 @@ macro_rules! world {
             fn pre(pre: InstancePre<StoreState>) -> wasmtime::Result<Self::Pre> {
                 <$pre>::new(pre)
             }
-            fn instantiate(pre: &Self::Pre, store: &mut Store<StoreState>) -> wasmtime::Result<Self> {
+            fn instantiate(
+                pre: &Self::Pre,
+                store: &mut Store<StoreState>,
+            ) -> wasmtime::Result<Self> {
                 pre.instantiate(store)
             }
             fn init(

@@ -280,7 +280,10 @@ impl Scheduler {
     /// Aborts every queued and running request (an engine shutting down
     /// without draining).
     pub fn abort_all(&mut self) {
-        for handle in std::mem::take(&mut self.running).into_iter().chain(std::mem::take(&mut self.waiting)) {
+        for handle in std::mem::take(&mut self.running)
+            .into_iter()
+            .chain(std::mem::take(&mut self.waiting))
+        {
             self.finish(handle, FinishReason::Abort);
         }
     }

@@ -254,7 +254,15 @@ fn run(cfg: Cfg, specs: Vec<Spec>, seed: u64, depth: usize) -> Result<(), TestCa
         let out = s.schedule();
         let submitted = !(out.is_empty() && out.finished_req_ids.is_empty());
         if submitted {
-            let sampled = execute(&cfg, &mut s, &out, &mut mirror, &handle_spec, &specs, budget)?;
+            let sampled = execute(
+                &cfg,
+                &mut s,
+                &out,
+                &mut mirror,
+                &handle_spec,
+                &specs,
+                budget,
+            )?;
             in_flight.push_back((out, sampled));
         }
         if !(submitted && in_flight.len() < depth) {
@@ -281,8 +289,15 @@ fn run(cfg: Cfg, specs: Vec<Spec>, seed: u64, depth: usize) -> Result<(), TestCa
     for (i, spec) in specs.iter().enumerate().filter(|(i, _)| accepted[*i]) {
         let reason = finish_of[i];
         prop_assert!(reason.is_some(), "request {} never finished", i);
-        let expected: Vec<u32> = (0..tokens_of[i].len()).map(|pos| token_at(i, pos)).collect();
-        prop_assert_eq!(&tokens_of[i], &expected, "request {} lost, repeated or reordered tokens", i);
+        let expected: Vec<u32> = (0..tokens_of[i].len())
+            .map(|pos| token_at(i, pos))
+            .collect();
+        prop_assert_eq!(
+            &tokens_of[i],
+            &expected,
+            "request {} lost, repeated or reordered tokens",
+            i
+        );
         if reason != Some(FinishReason::Abort) {
             let expected = expected_finish(spec, &tokens_of[i]);
             prop_assert_eq!(expected, Some((tokens_of[i].len(), reason.unwrap())));
@@ -372,7 +387,10 @@ fn execute(
             m.blocks.len() * bs >= m.computed,
             "block table does not cover computed tokens"
         );
-        prop_assert!(m.computed <= m.known, "scheduled a token the worker has not sampled");
+        prop_assert!(
+            m.computed <= m.known,
+            "scheduled a token the worker has not sampled"
+        );
         let i = handle_spec[&h];
         prop_assert!(
             m.computed < m.prompt_len + specs[i].max_tokens as usize,

@@ -194,7 +194,8 @@ impl Request {
     /// would compute past its end.
     pub(super) fn is_fully_scheduled(&self) -> bool {
         let in_flight = self.num_output_placeholders;
-        in_flight > 0 && self.num_output_tokens() + in_flight >= self.sampling_params.max_tokens as usize
+        in_flight > 0
+            && self.num_output_tokens() + in_flight >= self.sampling_params.max_tokens as usize
     }
 
     /// Prompt tokens found in the prefix cache at first admission (0 before).

@@ -91,7 +91,8 @@ impl Scheduler {
             let missing = if req.is_fully_scheduled() {
                 0
             } else {
-                (req.num_tokens() + req.num_output_placeholders).saturating_sub(req.num_computed_tokens)
+                (req.num_tokens() + req.num_output_placeholders)
+                    .saturating_sub(req.num_computed_tokens)
             };
             let n = self.cap_long_prefill(missing).min(*budget);
             if n == 0 {

@@ -572,16 +572,25 @@ fn async_scheduling_schedules_placeholders_and_stops_at_max_tokens() {
     assert_eq!(scheduled(&out2), vec![(a.0, 1)]);
     assert_eq!(s.request(a).unwrap().num_output_placeholders(), 2);
     let o = s.update_from_output(&out1, &[(a, vec![7])]);
-    assert_eq!((&o[0].new_token_ids[..], o[0].finish_reason), (&[7][..], None));
+    assert_eq!(
+        (&o[0].new_token_ids[..], o[0].finish_reason),
+        (&[7][..], None)
+    );
     let out3 = s.schedule();
     assert_eq!(scheduled(&out3), vec![(a.0, 1)]);
     // Output 1 is known and outputs 2 and 3 are in flight: max_tokens is
     // reached, so nothing more is computed for it.
     assert!(s.schedule().is_empty());
     let o = s.update_from_output(&out2, &[(a, vec![8])]);
-    assert_eq!((&o[0].new_token_ids[..], o[0].finish_reason), (&[8][..], None));
+    assert_eq!(
+        (&o[0].new_token_ids[..], o[0].finish_reason),
+        (&[8][..], None)
+    );
     let o = s.update_from_output(&out3, &[(a, vec![9])]);
-    assert_eq!((&o[0].new_token_ids[..], o[0].finish_reason), (&[9][..], Some(FinishReason::Length)));
+    assert_eq!(
+        (&o[0].new_token_ids[..], o[0].finish_reason),
+        (&[9][..], Some(FinishReason::Length))
+    );
     s.check_invariants().unwrap();
     assert_eq!(s.kv_cache_manager().num_free_blocks(), 32);
 }
@@ -601,9 +610,16 @@ fn a_request_preempted_with_a_step_in_flight_keeps_its_token() {
     assert_eq!(out3.preempted_req_ids, vec![b]);
     assert_eq!(scheduled(&out3), vec![(a.0, 1)]);
     let o = s.update_from_output(&out2, &[(a, vec![21]), (b, vec![31])]);
-    assert_eq!(o.len(), 2, "the preempted request's token is applied: the worker has it");
+    assert_eq!(
+        o.len(),
+        2,
+        "the preempted request's token is applied: the worker has it"
+    );
     let rb = s.request(b).unwrap();
-    assert_eq!((rb.status(), rb.output_token_ids()), (RequestStatus::Preempted, &[30, 31][..]));
+    assert_eq!(
+        (rb.status(), rb.output_token_ids()),
+        (RequestStatus::Preempted, &[30, 31][..])
+    );
     assert_eq!(rb.num_output_placeholders(), 0);
     s.update_from_output(&out3, &[(a, vec![22])]);
     s.check_invariants().unwrap();

@@ -132,7 +132,8 @@ impl Sequence {
                 if let Some(error) = &finish.error {
                     // The engine failed this request (a plugin fault): a 500,
                     // or an error event once a stream's headers are sent.
-                    app.metrics.observe_finished(self.state.metrics(), &finish.finish_reason);
+                    app.metrics
+                        .observe_finished(self.state.metrics(), &finish.finish_reason);
                     return Some(Err(self.fail(ApiError::internal(error.clone()))));
                 }
                 self.done = true;

@@ -91,7 +91,11 @@ fn tensor_mut<'a>(weights: &'a mut ModelWeights, name: &str) -> Option<&'a mut T
 
 /// Checks that `values` can replace the tensor `name` of `weights`: the
 /// name exists, the count matches its shape, every value is finite.
-pub(super) fn check_update(weights: &ModelWeights, name: &str, values: &[f32]) -> Result<(), String> {
+pub(super) fn check_update(
+    weights: &ModelWeights,
+    name: &str,
+    values: &[f32],
+) -> Result<(), String> {
     let t = weights
         .tensors()
         .into_iter()

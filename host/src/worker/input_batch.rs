@@ -13,11 +13,11 @@ mod device_draw;
 #[cfg(test)]
 mod tests;
 
+use super::output::{Logprobs, ModelRunnerOutput};
 use crate::model_runner::{DeviceSampleRow, Logits, ModelInput, SeqInput};
 use crate::plugins::{LogitsProcessors, OnError, PluginError, Row, SamplerPlugin};
 use crate::sampling::rng::Xoshiro256StarStar;
 use crate::sampling::{PreparedRow, RequestSampler, SampledToken, SamplingParams};
-use super::output::{Logprobs, ModelRunnerOutput};
 use crate::scheduler::{ReqHandle, SchedulerOutput};
 
 /// A scheduler output that does not fit the worker's state: a protocol bug
@@ -56,7 +56,10 @@ pub struct StepPlan {
 impl StepPlan {
     /// The requests that sample this step, in row order.
     pub fn sampling_handles(&self) -> impl Iterator<Item = ReqHandle> + '_ {
-        self.rows.iter().filter(|(_, samples)| *samples).map(|(h, _)| *h)
+        self.rows
+            .iter()
+            .filter(|(_, samples)| *samples)
+            .map(|(h, _)| *h)
     }
 }
 
@@ -125,7 +128,11 @@ impl InputBatch {
     /// Records the tokens the device sampled for `plan`'s rows (in
     /// [`Self::device_rows`]' order), advancing each request as
     /// [`Self::sample`] does.
-    pub fn record_sampled(&mut self, plan: &StepPlan, tokens: &[u32]) -> Result<ModelRunnerOutput, BatchError> {
+    pub fn record_sampled(
+        &mut self,
+        plan: &StepPlan,
+        tokens: &[u32],
+    ) -> Result<ModelRunnerOutput, BatchError> {
         let mut out = ModelRunnerOutput {
             sampled: Vec::with_capacity(tokens.len()),
             logprobs: Vec::with_capacity(tokens.len()),
@@ -133,13 +140,22 @@ impl InputBatch {
         };
         let mut tokens = tokens.iter();
         for h in plan.sampling_handles() {
-            let &token = tokens
-                .next()
-                .ok_or_else(|| BatchError(format!("the device sampled no token for request {h:?}")))?;
+            let &token = tokens.next().ok_or_else(|| {
+                BatchError(format!("the device sampled no token for request {h:?}"))
+            })?;
             let req = self.get_mut(h)?;
             req.sampler.accept(token);
             // Device rows have no logprobs (not device-eligible otherwise).
-            record(&mut out, h, req, SampledToken { token, logprob: 0.0, top_logprobs: Vec::new() });
+            record(
+                &mut out,
+                h,
+                req,
+                SampledToken {
+                    token,
+                    logprob: 0.0,
+                    top_logprobs: Vec::new(),
+                },
+            );
         }
         Ok(out)
     }
@@ -168,11 +184,19 @@ impl InputBatch {
 
     /// Lets the logits processors edit the rows `plan` samples, once for the
     /// whole step.
-    pub fn apply_processors(&mut self, plan: &StepPlan, logits: &mut Logits) -> Result<(), PluginError> {
-        let Some(processors) = self.processors.as_mut() else { return Ok(()) };
+    pub fn apply_processors(
+        &mut self,
+        plan: &StepPlan,
+        logits: &mut Logits,
+    ) -> Result<(), PluginError> {
+        let Some(processors) = self.processors.as_mut() else {
+            return Ok(());
+        };
         self.processor_rows.clear();
         for (row, &(h, samples)) in plan.rows.iter().enumerate() {
-            let Some(req) = self.requests.get(h.index()).and_then(Option::as_ref) else { continue };
+            let Some(req) = self.requests.get(h.index()).and_then(Option::as_ref) else {
+                continue;
+            };
             if samples {
                 self.processor_rows.push(Row {
                     id: h.0,
@@ -190,7 +214,11 @@ impl InputBatch {
 
     /// Applies `so`'s deltas (in the order its contract states) and builds the
     /// step's model input into `input`.
-    pub fn prepare(&mut self, so: &SchedulerOutput, input: &mut ModelInput) -> Result<StepPlan, BatchError> {
+    pub fn prepare(
+        &mut self,
+        so: &SchedulerOutput,
+        input: &mut ModelInput,
+    ) -> Result<StepPlan, BatchError> {
         for h in &so.finished_req_ids {
             if let Some(slot) = self.requests.get_mut(h.index()) {
                 *slot = None;
@@ -207,7 +235,11 @@ impl InputBatch {
             if i >= self.requests.len() {
                 self.requests.resize_with(i + 1, || None);
             }
-            let sampler = RequestSampler::new(&new.sampling_params, &new.prompt_token_ids, self.eos_token_id);
+            let sampler = RequestSampler::new(
+                &new.sampling_params,
+                &new.prompt_token_ids,
+                self.eos_token_id,
+            );
             if let Some(p) = self.processors.as_mut() {
                 p.remove(new.handle.0);
                 p.add(new.handle.0, new.sampling_params.extra_args.as_ref());
@@ -259,7 +291,9 @@ impl InputBatch {
                     req.token_ids.len()
                 )));
             }
-            input.token_ids.extend_from_slice(&req.token_ids[start..end]);
+            input
+                .token_ids
+                .extend_from_slice(&req.token_ids[start..end]);
             input.positions.extend(start as u32..end as u32);
             if n_seqs == input.seqs.len() {
                 input.seqs.push(SeqInput::default());
@@ -279,7 +313,11 @@ impl InputBatch {
     /// Samples one token for every request of `plan` that reached the end of
     /// its known tokens, appends it to the request, and returns
     /// `(handle, token)` pairs in the plan's order.
-    pub fn sample(&mut self, plan: &StepPlan, logits: &mut Logits) -> Result<ModelRunnerOutput, BatchError> {
+    pub fn sample(
+        &mut self,
+        plan: &StepPlan,
+        logits: &mut Logits,
+    ) -> Result<ModelRunnerOutput, BatchError> {
         if self.sampler.is_some() {
             return self.sample_with_plugin(plan, logits);
         }
@@ -313,11 +351,18 @@ impl InputBatch {
     /// among the host's top-k candidates, in one call for the whole step.
     /// On a fault the rows are sampled by the host (`on_error = "fallback"`)
     /// or their requests fail (`"fail"`).
-    fn sample_with_plugin(&mut self, plan: &StepPlan, logits: &mut Logits) -> Result<ModelRunnerOutput, BatchError> {
+    fn sample_with_plugin(
+        &mut self,
+        plan: &StepPlan,
+        logits: &mut Logits,
+    ) -> Result<ModelRunnerOutput, BatchError> {
         let vocab = logits.vocab_size;
-        let Some(plugin) = self.sampler.as_mut() else { return Ok(ModelRunnerOutput::default()) };
+        let Some(plugin) = self.sampler.as_mut() else {
+            return Ok(ModelRunnerOutput::default());
+        };
         plugin.clear_rows();
-        let mut rows: Vec<(ReqHandle, usize, PreparedRow, f64)> = Vec::with_capacity(plan.rows.len());
+        let mut rows: Vec<(ReqHandle, usize, PreparedRow, f64)> =
+            Vec::with_capacity(plan.rows.len());
         let mut candidates = Vec::with_capacity(plugin.k());
         for (row, &(h, samples)) in plan.rows.iter().enumerate() {
             if !samples {
@@ -330,7 +375,8 @@ impl InputBatch {
                 .ok_or_else(|| BatchError(format!("request {h:?} is not in the batch")))?;
             let logits_row = &mut logits.data[row * vocab..(row + 1) * vocab];
             let prepared = req.sampler.prepare(logits_row, &req.params);
-            req.sampler.top_candidates(logits_row, &req.params, plugin.k(), &mut candidates);
+            req.sampler
+                .top_candidates(logits_row, &req.params, plugin.k(), &mut candidates);
             // A vocabulary smaller than k: repeat the last candidate, so every
             // row has exactly k as the contract says.
             while candidates.len() < plugin.k() {
@@ -358,7 +404,10 @@ impl InputBatch {
                 }
                 OnError::Fail => {
                     self.fail(rows.iter().map(|r| r.0));
-                    return Ok(ModelRunnerOutput::failed(rows.iter().map(|r| r.0), &e.to_string()));
+                    return Ok(ModelRunnerOutput::failed(
+                        rows.iter().map(|r| r.0),
+                        &e.to_string(),
+                    ));
                 }
             },
         };
@@ -394,12 +443,16 @@ impl InputBatch {
 }
 
 /// Appends `sampled` to `req` and reports it (with logprobs when asked).
-fn record(out: &mut ModelRunnerOutput, h: ReqHandle, req: &mut CachedRequestState, sampled: SampledToken) {
+fn record(
+    out: &mut ModelRunnerOutput,
+    h: ReqHandle,
+    req: &mut CachedRequestState,
+    sampled: SampledToken,
+) {
     req.token_ids.push(sampled.token);
     out.sampled.push((h, [sampled.token]));
-    out.logprobs.push(
-        req.params
-            .logprobs
-            .map(|_| Logprobs { logprob: sampled.logprob, top: sampled.top_logprobs }),
-    );
+    out.logprobs.push(req.params.logprobs.map(|_| Logprobs {
+        logprob: sampled.logprob,
+        top: sampled.top_logprobs,
+    }));
 }

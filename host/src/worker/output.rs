@@ -43,7 +43,10 @@ impl ModelRunnerOutput {
 
     /// Why `h` failed this step, if it did.
     pub fn failure_of(&self, h: ReqHandle) -> Option<&str> {
-        self.failed.iter().find(|(f, _)| *f == h).map(|(_, m)| m.as_str())
+        self.failed
+            .iter()
+            .find(|(f, _)| *f == h)
+            .map(|(_, m)| m.as_str())
     }
 
     /// The logprobs sampled for `h` this step, if it asked for them.

@@ -151,13 +151,7 @@ pub fn run() -> anyhow::Result<()> {
     drop(out);
     let (mut worker, rpc, response, methods) = started?;
     response.wait_until_ready(boot.attach_timeout)?;
-    busy_loop(
-        boot.rank,
-        &mut worker,
-        &methods,
-        &rpc,
-        &response,
-    )
+    busy_loop(boot.rank, &mut worker, &methods, &rpc, &response)
 }
 
 /// init_device → load_model → response queue → attach to the broadcast.
@@ -169,7 +163,10 @@ fn start(boot: &Bootstrap) -> anyhow::Result<(Worker, MessageQueue, MessageQueue
     worker.init_device()?;
     if let Some(handle) = &boot.all_reduce {
         let group = AllReduceGroup::attach(handle, boot.rank).with_context(|| {
-            format!("worker rank {} attaching to the tensor-parallel group", boot.rank)
+            format!(
+                "worker rank {} attaching to the tensor-parallel group",
+                boot.rank
+            )
         })?;
         worker.set_tensor_parallel(std::sync::Arc::new(group));
     }
@@ -251,8 +248,7 @@ mod tests {
     const WAIT: Option<Duration> = Some(Duration::from_secs(10));
 
     fn worker() -> Worker {
-        Worker::new(WorkerConfig::for_unit_tests())
-        .unwrap()
+        Worker::new(WorkerConfig::for_unit_tests()).unwrap()
     }
 
     fn request(method: &str, output_rank: Option<u32>) -> RpcRequest {
@@ -269,10 +265,18 @@ mod tests {
         assert_eq!(worker_device("gpu", 1), WorkerDevice::Gpu);
         // Tensor parallelism runs on CPU workers, whatever the machine has.
         assert_eq!(worker_device("auto", 3), WorkerDevice::Cpu);
-        let want = if gpu_visible() { WorkerDevice::Gpu } else { WorkerDevice::Cpu };
+        let want = if gpu_visible() {
+            WorkerDevice::Gpu
+        } else {
+            WorkerDevice::Cpu
+        };
         assert_eq!(worker_device("auto", 1), want);
         #[cfg(not(feature = "cuda"))]
-        assert_eq!(worker_device("auto", 1), WorkerDevice::Cpu, "no CUDA build, no GPU worker");
+        assert_eq!(
+            worker_device("auto", 1),
+            WorkerDevice::Cpu,
+            "no CUDA build, no GPU worker"
+        );
     }
 
     #[test]

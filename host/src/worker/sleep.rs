@@ -276,15 +276,13 @@ pub(super) fn methods() -> Vec<(&'static str, Handler)> {
                         a.kind()
                     );
                 };
-                let updates: std::collections::BTreeMap<String, Vec<f32>> = serde_json::from_str(
-                    &text,
-                )
-                .map_err(|e| {
-                    anyhow::anyhow!(
+                let updates: std::collections::BTreeMap<String, Vec<f32>> =
+                    serde_json::from_str(&text).map_err(|e| {
+                        anyhow::anyhow!(
                         "update_weights expects a JSON object of name -> list of finite numbers \
                              (JSON has no NaN or infinity): {e}"
                     )
-                })?;
+                    })?;
                 let updates: Vec<(String, Vec<f32>)> = updates.into_iter().collect();
                 w.update_weights(&updates)?;
                 Ok(RpcValue::Unit)

@@ -63,7 +63,10 @@ fn the_cpu_worker_samples_on_the_host_even_when_every_row_is_device_eligible() {
             request_id: "r0".into(),
             prompt_token_ids: prompt.clone(),
             // Greedy, no logprobs: a row the device sampler could take.
-            sampling_params: crate::sampling::SamplingParams { temperature: 0.0, ..Default::default() },
+            sampling_params: crate::sampling::SamplingParams {
+                temperature: 0.0,
+                ..Default::default()
+            },
             block_ids: vec![0],
             num_computed_tokens: 0,
         }],
@@ -78,7 +81,11 @@ fn the_cpu_worker_samples_on_the_host_even_when_every_row_is_device_eligible() {
         logits_row: 0,
     }];
     let input = ModelInput::single(&prompt, 0, vec![0]);
-    assert!(w.runner_mut("test").unwrap().execute_and_sample(&input, &rows).is_none());
+    assert!(w
+        .runner_mut("test")
+        .unwrap()
+        .execute_and_sample(&input, &rows)
+        .is_none());
     w.execute_model(&so).unwrap();
     let Some(Pending::Host(_, logits)) = &w.pending else {
         panic!("the CPU worker left no logits for the host sampler");

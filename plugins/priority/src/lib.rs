@@ -26,7 +26,9 @@ impl SchedulingPolicy for Priority {
         let mut order: Vec<u32> = (0..q.ids.len() as u32).collect();
         order.sort_by(|&a, &b| {
             let (a, b) = (a as usize, b as usize);
-            q.priorities[a].cmp(&q.priorities[b]).then(q.arrival_times[a].total_cmp(&q.arrival_times[b]))
+            q.priorities[a]
+                .cmp(&q.priorities[b])
+                .then(q.arrival_times[a].total_cmp(&q.arrival_times[b]))
         });
         order
     }
@@ -34,7 +36,9 @@ impl SchedulingPolicy for Priority {
     fn pick_victim(&mut self, r: &RunningBatch) -> Option<u32> {
         (0..r.ids.len() as u32).max_by(|&a, &b| {
             let (a, b) = (a as usize, b as usize);
-            r.priorities[a].cmp(&r.priorities[b]).then(r.arrival_times[a].total_cmp(&r.arrival_times[b]))
+            r.priorities[a]
+                .cmp(&r.priorities[b])
+                .then(r.arrival_times[a].total_cmp(&r.arrival_times[b]))
         })
     }
 }
@@ -70,6 +74,8 @@ mod tests {
     #[test]
     fn options_are_refused() {
         assert!(Priority::new("{}").is_ok());
-        assert!(Priority::new(r#"{"x": 1}"#).unwrap_err().contains("no options"));
+        assert!(Priority::new(r#"{"x": 1}"#)
+            .unwrap_err()
+            .contains("no options"));
     }
 }

@@ -85,10 +85,7 @@ mod tests {
     use super::*;
 
     fn executor() -> UniProcExecutor {
-        UniProcExecutor::new(
-            Worker::new(WorkerConfig::for_unit_tests())
-            .unwrap(),
-        )
+        UniProcExecutor::new(Worker::new(WorkerConfig::for_unit_tests()).unwrap())
     }
 
     #[test]

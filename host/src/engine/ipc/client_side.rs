@@ -49,10 +49,15 @@ impl ProcessTransport {
     /// Starts `host engine-core` for `config` and connects to it. Returns
     /// the transport, the state its streams live in, and the longest
     /// context a request may have.
-    pub(crate) fn start(config: &EngineConfig) -> anyhow::Result<(ProcessTransport, Arc<Shared>, usize)> {
+    pub(crate) fn start(
+        config: &EngineConfig,
+    ) -> anyhow::Result<(ProcessTransport, Arc<Shared>, usize)> {
         let exe = worker_executable(config.parallel.worker_executable.as_deref())?;
         let input = MessageQueue::new_writer(1, QueueConfig::default())?;
-        let boot = Bootstrap { config_toml: config.to_toml(), input_handle: input.export_handle() };
+        let boot = Bootstrap {
+            config_toml: config.to_toml(),
+            input_handle: input.export_handle(),
+        };
         let mut child = Command::new(&exe)
             .arg("engine-core")
             .stdin(Stdio::piped())
@@ -60,14 +65,21 @@ impl ProcessTransport {
             .stderr(Stdio::inherit())
             .spawn()
             .with_context(|| format!("cannot run {} engine-core", exe.display()))?;
-        let (mut stdin, stdout) = (child.stdin.take().expect("piped"), child.stdout.take().expect("piped"));
+        let (mut stdin, stdout) = (
+            child.stdin.take().expect("piped"),
+            child.stdout.take().expect("piped"),
+        );
         writeln!(stdin, "{}", serde_json::to_string(&boot)?)?;
         stdin.flush()?;
         // The process loads the model before it answers; it exits if that fails.
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line)?;
         let ready = match serde_json::from_str::<Ready>(&line) {
-            Ok(Ready::Ready { output_handle, max_model_len, stats }) => (output_handle, max_model_len, stats),
+            Ok(Ready::Ready {
+                output_handle,
+                max_model_len,
+                stats,
+            }) => (output_handle, max_model_len, stats),
             Ok(Ready::Failed(reason)) => {
                 let _ = child.wait();
                 bail!("the engine-core process failed to start: {reason}");
@@ -79,7 +91,9 @@ impl ProcessTransport {
         };
         let (output_handle, max_model_len, stats) = ready;
         let output = MessageQueue::create_from_handle(&output_handle, 0)?;
-        input.wait_until_ready(Duration::from_secs(60)).context("waiting for the engine core to attach")?;
+        input
+            .wait_until_ready(Duration::from_secs(60))
+            .context("waiting for the engine core to attach")?;
 
         let shared = Arc::new(Shared::new(stats));
         let pending: Pending = Arc::default();
@@ -93,18 +107,27 @@ impl ProcessTransport {
                 .spawn(move || read_outputs(&output, &shared, &pending))?
         };
         let watcher = {
-            let (shared, pending, shutting_down) = (Arc::clone(&shared), Arc::clone(&pending), Arc::clone(&shutting_down));
-            std::thread::Builder::new().name("engine-client-watcher".into()).spawn(move || {
-                let status = child.wait();
-                let expected = shutting_down.load(Ordering::SeqCst) && status.as_ref().is_ok_and(|s| s.success());
-                let reason = match status {
-                    Ok(s) => format!("the engine-core process (pid {pid}) exited: {s}"),
-                    Err(e) => format!("the engine-core process (pid {pid}) could not be waited for: {e}"),
-                };
-                shared.stop((!expected).then_some(reason));
-                lock(&pending).clear();
-                let _ = exited_tx.send(());
-            })?
+            let (shared, pending, shutting_down) = (
+                Arc::clone(&shared),
+                Arc::clone(&pending),
+                Arc::clone(&shutting_down),
+            );
+            std::thread::Builder::new()
+                .name("engine-client-watcher".into())
+                .spawn(move || {
+                    let status = child.wait();
+                    let expected = shutting_down.load(Ordering::SeqCst)
+                        && status.as_ref().is_ok_and(|s| s.success());
+                    let reason = match status {
+                        Ok(s) => format!("the engine-core process (pid {pid}) exited: {s}"),
+                        Err(e) => format!(
+                            "the engine-core process (pid {pid}) could not be waited for: {e}"
+                        ),
+                    };
+                    shared.stop((!expected).then_some(reason));
+                    lock(&pending).clear();
+                    let _ = exited_tx.send(());
+                })?
         };
         let transport = ProcessTransport {
             input: Mutex::new(input),
@@ -130,11 +153,19 @@ impl ProcessTransport {
     }
 
     /// A utility call, answered through the output queue.
-    pub(crate) fn call_utility(&self, method: &str, args: &Value) -> Result<Value, EngineCoreError> {
+    pub(crate) fn call_utility(
+        &self,
+        method: &str,
+        args: &Value,
+    ) -> Result<Value, EngineCoreError> {
         let call_id = self.next_call.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::sync_channel(1);
         lock(&self.pending).insert(call_id, tx);
-        let msg = ClientMessage::Utility { call_id, method: method.to_string(), args_json: args.to_string() };
+        let msg = ClientMessage::Utility {
+            call_id,
+            method: method.to_string(),
+            args_json: args.to_string(),
+        };
         let dead = || EngineCoreError::Dead("the engine-core process is gone".into());
         if self.send(&msg).is_err() {
             lock(&self.pending).remove(&call_id);
@@ -154,9 +185,16 @@ impl ProcessTransport {
         self.shutting_down.store(true, Ordering::SeqCst);
         let _ = self.send(&ClientMessage::Shutdown { drain });
         let exited = lock(&self.exited);
-        let done = if drain { exited.recv().is_ok() } else { exited.recv_timeout(ABORT_GRACE).is_ok() };
+        let done = if drain {
+            exited.recv().is_ok()
+        } else {
+            exited.recv_timeout(ABORT_GRACE).is_ok()
+        };
         if !done {
-            tracing::warn!(pid = self.pid, "the engine-core process did not stop in time; killing it");
+            tracing::warn!(
+                pid = self.pid,
+                "the engine-core process did not stop in time; killing it"
+            );
             // SAFETY: kill(2) with a pid we started and have not reaped.
             unsafe { libc::kill(self.pid as libc::pid_t, libc::SIGKILL) };
         }
@@ -187,7 +225,8 @@ fn read_outputs(output: &MessageQueue, shared: &Shared, pending: &Pending) {
             Ok(CoreMessage::Rejected { request_id, reason }) => shared.reject(&request_id, reason),
             Ok(CoreMessage::Utility { call_id, result }) => {
                 let result = result.and_then(|text| {
-                    serde_json::from_str(&text).map_err(|e| format!("the engine core answered with invalid JSON: {e}"))
+                    serde_json::from_str(&text)
+                        .map_err(|e| format!("the engine core answered with invalid JSON: {e}"))
                 });
                 if let Some(tx) = lock(pending).remove(&call_id) {
                     let _ = tx.send(result);
@@ -200,7 +239,9 @@ fn read_outputs(output: &MessageQueue, shared: &Shared, pending: &Pending) {
             // The process ended; the watcher reports how.
             Err(QueueError::Shutdown | QueueError::WriterDead { .. }) => return,
             Err(e) => {
-                shared.stop(Some(format!("a message from the engine core could not be read: {e}")));
+                shared.stop(Some(format!(
+                    "a message from the engine core could not be read: {e}"
+                )));
                 return;
             }
         }

@@ -23,11 +23,16 @@ const ATTACH_TIMEOUT: Duration = Duration::from_secs(60);
 /// the engine dies (exit 1, after the engine-dead sentinel went out).
 pub fn run() -> anyhow::Result<()> {
     let mut line = String::new();
-    std::io::stdin().lock().read_line(&mut line).context("reading the bootstrap line from stdin")?;
+    std::io::stdin()
+        .lock()
+        .read_line(&mut line)
+        .context("reading the bootstrap line from stdin")?;
     let boot: Bootstrap = serde_json::from_str(&line).context(
         "`host engine-core` is started by the engine client, which writes its bootstrap on stdin; it is not meant to be run by hand",
     )?;
-    std::thread::Builder::new().name("death-pipe".into()).spawn(watch_death_pipe)?;
+    std::thread::Builder::new()
+        .name("death-pipe".into())
+        .spawn(watch_death_pipe)?;
     let started = start(&boot);
     let ready = match &started {
         Ok((core, output, _)) => Ready::Ready {
@@ -42,12 +47,18 @@ pub fn run() -> anyhow::Result<()> {
     stdout.flush()?;
     drop(stdout);
     let (core, output, input) = started?;
-    output.wait_until_ready(ATTACH_TIMEOUT).context("waiting for the client to attach to the output queue")?;
+    output
+        .wait_until_ready(ATTACH_TIMEOUT)
+        .context("waiting for the client to attach to the output queue")?;
 
     let (input_tx, input_rx) = mpsc::channel();
     let (output_tx, output_rx) = mpsc::channel();
-    std::thread::Builder::new().name("engine-input".into()).spawn(move || forward_inputs(&input, &input_tx))?;
-    std::thread::Builder::new().name("engine-core".into()).spawn(move || run_busy_loop(core, input_rx, output_tx))?;
+    std::thread::Builder::new()
+        .name("engine-input".into())
+        .spawn(move || forward_inputs(&input, &input_tx))?;
+    std::thread::Builder::new()
+        .name("engine-core".into())
+        .spawn(move || run_busy_loop(core, input_rx, output_tx))?;
     if let Some(reason) = send_outputs(&output_rx, &output)? {
         anyhow::bail!("the engine core died: {reason}");
     }
@@ -56,11 +67,15 @@ pub fn run() -> anyhow::Result<()> {
 
 /// The engine core, its output queue (writer) and the client's input queue
 /// (reader).
-fn start(boot: &Bootstrap) -> anyhow::Result<(crate::engine::EngineCore, MessageQueue, MessageQueue)> {
-    let config: EngineConfig = toml::from_str(&boot.config_toml).context("the bootstrap's configuration")?;
+fn start(
+    boot: &Bootstrap,
+) -> anyhow::Result<(crate::engine::EngineCore, MessageQueue, MessageQueue)> {
+    let config: EngineConfig =
+        toml::from_str(&boot.config_toml).context("the bootstrap's configuration")?;
     let (core, _tokenizer) = build_engine_core(&config)?;
     let output = MessageQueue::new_writer(1, QueueConfig::default())?;
-    let input = MessageQueue::create_from_handle(&boot.input_handle, 0).context("attaching to the client's queue")?;
+    let input = MessageQueue::create_from_handle(&boot.input_handle, 0)
+        .context("attaching to the client's queue")?;
     Ok((core, output, input))
 }
 
@@ -82,10 +97,18 @@ fn forward_inputs(input: &MessageQueue, to_core: &Sender<CoreInput>) {
             ClientMessage::Add(req) => CoreInput::Add(req),
             ClientMessage::Abort(ids) => CoreInput::Abort(ids),
             ClientMessage::Shutdown { drain } => CoreInput::Shutdown { drain },
-            ClientMessage::Utility { call_id, method, args_json } => {
+            ClientMessage::Utility {
+                call_id,
+                method,
+                args_json,
+            } => {
                 let args = serde_json::from_str(&args_json)
                     .map_err(|e| format!("the arguments of `{method}` are not JSON: {e}"));
-                CoreInput::Utility { method, args, reply: UtilityReply::Remote(call_id) }
+                CoreInput::Utility {
+                    method,
+                    args,
+                    reply: UtilityReply::Remote(call_id),
+                }
             }
         };
         if to_core.send(msg).is_err() {
@@ -96,15 +119,21 @@ fn forward_inputs(input: &MessageQueue, to_core: &Sender<CoreInput>) {
 
 /// The output loop: encodes the busy loop's outputs onto the output queue
 /// until the loop ends; the reason if it died.
-fn send_outputs(from_core: &Receiver<CoreOutput>, output: &MessageQueue) -> anyhow::Result<Option<String>> {
+fn send_outputs(
+    from_core: &Receiver<CoreOutput>,
+    output: &MessageQueue,
+) -> anyhow::Result<Option<String>> {
     let mut died = None;
     for msg in from_core {
         let msg = match msg {
             CoreOutput::Step(outs, stats) => CoreMessage::Step(outs, stats),
-            CoreOutput::Rejected { request_id, reason } => CoreMessage::Rejected { request_id, reason },
-            CoreOutput::Utility { call_id, result } => {
-                CoreMessage::Utility { call_id, result: result.map(|v| v.to_string()) }
+            CoreOutput::Rejected { request_id, reason } => {
+                CoreMessage::Rejected { request_id, reason }
             }
+            CoreOutput::Utility { call_id, result } => CoreMessage::Utility {
+                call_id,
+                result: result.map(|v| v.to_string()),
+            },
             CoreOutput::Dead(reason) => {
                 died = Some(reason.clone());
                 CoreMessage::Dead(reason)

@@ -195,8 +195,14 @@ fn extra_args_cross_json_and_the_binary_queue_format_unchanged() {
     let bytes = postcard::to_stdvec(&p).unwrap();
     assert_eq!(postcard::from_bytes::<SamplingParams>(&bytes).unwrap(), p);
     let json = serde_json::to_value(&p).unwrap();
-    assert_eq!(json["extra_args"]["bias"]["7"], -1.5, "JSON keeps the value's own shape");
+    assert_eq!(
+        json["extra_args"]["bias"]["7"], -1.5,
+        "JSON keeps the value's own shape"
+    );
     assert_eq!(serde_json::from_value::<SamplingParams>(json).unwrap(), p);
     let none = SamplingParams::default();
-    assert_eq!(postcard::from_bytes::<SamplingParams>(&postcard::to_stdvec(&none).unwrap()).unwrap(), none);
+    assert_eq!(
+        postcard::from_bytes::<SamplingParams>(&postcard::to_stdvec(&none).unwrap()).unwrap(),
+        none
+    );
 }
