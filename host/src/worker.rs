@@ -168,7 +168,7 @@ impl Worker {
         let weights =
             model::load(path, self.config.load_format).map_err(|source| WorkerError::Load {
                 path: path.clone(),
-                source,
+                source: Box::new(source),
             })?;
         self.runner = Some(self.prepare_runner(&weights)?);
         self.weights = Some(weights);

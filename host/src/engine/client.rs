@@ -52,6 +52,9 @@ struct Inner {
 }
 
 /// How messages reach the engine core.
+// One value per client, held behind its `Arc`: the size difference between
+// the variants costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 enum Transport {
     /// Its threads in this process.
     InProcess {

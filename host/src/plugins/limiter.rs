@@ -256,9 +256,7 @@ mod tests {
     fn a_store_caps_two_memories_together() {
         // 40 pages (2.5 MiB) each: either alone fits 4 MiB, both do not.
         let (instance, _, limits) = instantiate(&two_memories(40));
-        let err = instance
-            .err()
-            .expect("two 2.5 MiB memories under a 4 MiB cap");
+        let err = instance.expect_err("two 2.5 MiB memories under a 4 MiB cap");
         let message = crate::plugins::runtime::describe_fault(&err, &limits, limits.deadline);
         assert!(
             message.contains("exceeded its memory limit of 4 MiB"),

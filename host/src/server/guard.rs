@@ -226,8 +226,7 @@ impl CorsPolicy {
         }
         let wanted = origin.trim_end_matches('/').to_ascii_lowercase();
         self.origins
-            .iter()
-            .any(|o| *o == wanted)
+            .contains(&wanted)
             .then(|| HeaderValue::from_str(origin).ok())
             .flatten()
     }

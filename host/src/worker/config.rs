@@ -92,8 +92,9 @@ pub enum WorkerError {
     Load {
         /// The model file.
         path: PathBuf,
-        /// The loader's reason.
-        source: ModelError,
+        /// The loader's reason (boxed: `ModelError` is large, and every
+        /// worker call returns this type).
+        source: Box<ModelError>,
     },
     /// The model runner refused (bad input, unsupported model, allocation).
     #[error(transparent)]

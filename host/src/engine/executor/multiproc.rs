@@ -61,8 +61,7 @@ impl MultiprocExecutor {
         };
         let start_timeout = secs("worker_start_timeout_s", p.worker_start_timeout_s)?;
         let shutdown_timeout = secs("worker_shutdown_timeout_s", p.worker_shutdown_timeout_s)?;
-        let execute_model_timeout =
-            Some(secs("execute_model_timeout_s", p.execute_model_timeout_s)?);
+        let execute_model_timeout = secs("execute_model_timeout_s", p.execute_model_timeout_s)?;
         let exe = worker_executable(p.worker_executable.as_deref())?;
         let queue_err = |what: &str| {
             let what = what.to_string();
@@ -82,10 +81,7 @@ impl MultiprocExecutor {
             });
         }
         let all_reduce = (tp > 1)
-            .then(|| {
-                let timeout = execute_model_timeout.unwrap_or(Duration::from_secs(300));
-                AllReduceOwner::create(world_size, DEFAULT_SLOT_FLOATS, timeout)
-            })
+            .then(|| AllReduceOwner::create(world_size, DEFAULT_SLOT_FLOATS, execute_model_timeout))
             .transpose()
             .map_err(|e| ExecutorError::Start {
                 rank: 0,
@@ -147,7 +143,7 @@ impl MultiprocExecutor {
             workers,
             monitor,
             world_size,
-            execute_model_timeout,
+            execute_model_timeout: Some(execute_model_timeout),
             shutdown_timeout,
             all_reduce,
             seeds: Xoshiro256StarStar::from_entropy(),

@@ -32,6 +32,9 @@ pub struct Bootstrap {
 }
 
 /// What the engine-core process answers on its stdout once started.
+// One value per start-up, serialized once and never stored in bulk: the size
+// difference between the variants costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Ready {
     /// Started; the client reads outputs from this queue.
