@@ -11,7 +11,22 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::LoadFormat;
+/// Which loader to use (vLLM's `load_format`; `model.load_format` in the
+/// config, written in lower case).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LoadFormat {
+    /// A `.gguf` file is GGUF; a directory with `config.json` is safetensors.
+    #[default]
+    Auto,
+    /// A GGUF file.
+    Gguf,
+    /// A Hugging Face directory: `config.json` and `.safetensors` shards.
+    Safetensors,
+    /// Random weights shaped by a config; see [`crate::model::dummy_config`] for where
+    /// the config comes from.
+    Dummy,
+}
 
 /// Where `scripts/fetch-model.sh` puts the default model, under `root`.
 pub fn default_model_path(root: &Path) -> PathBuf {

@@ -10,22 +10,9 @@ use super::gguf::{GgufError, GgufFile};
 use super::safetensors::{self, SafetensorsError};
 use super::{DType, LlamaConfig, ModelWeights};
 
-/// Which loader to use (vLLM's `load_format`; `model.load_format` in the
-/// config, written in lower case).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LoadFormat {
-    /// A `.gguf` file is GGUF; a directory with `config.json` is safetensors.
-    #[default]
-    Auto,
-    /// A GGUF file.
-    Gguf,
-    /// A Hugging Face directory: `config.json` and `.safetensors` shards.
-    Safetensors,
-    /// Random weights shaped by a config; see [`dummy_config`] for where
-    /// the config comes from.
-    Dummy,
-}
+/// Which loader to use: a configuration value, so it lives in the
+/// `config` leaf module.
+pub use crate::config::LoadFormat;
 
 /// Why a model cannot be loaded.
 #[derive(Debug, Error)]

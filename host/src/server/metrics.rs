@@ -243,8 +243,7 @@ fn escape(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv_cache::PrefixCacheStats;
-    use crate::scheduler::SchedulerStats;
+    use crate::engine::{PrefixCacheStats, SchedulerStats};
 
     #[test]
     fn vllm_bucket_counts() {
