@@ -2,8 +2,10 @@
 //! policies, samplers and worker extensions are WebAssembly components.
 //!
 //! The modules follow vLLM's nouns; see `docs/ARCHITECTURE.md` for the map.
-//! Dependency direction: cli → engine → scheduler / executor → worker →
-//! model runner → kernels.
+//! Dependency direction: cli → server → engine → {scheduler, kv_cache,
+//! executor} → worker → model runner → kernels, with `config`,
+//! `message_queue` and `sampling` as leaves; `host/tests/layering.rs`
+//! enforces it (the table of what each module may import is there).
 
 pub mod cli;
 pub mod config;
