@@ -18,17 +18,18 @@
 //! A handle is reused only after its finish was reported, so steps 1 and 3
 //! never conflict.
 //!
-//! # Async scheduling (not enabled yet)
+//! # Async scheduling (`scheduler.async_scheduling`, the default)
 //!
 //! `num_computed_tokens` is advanced when a step is scheduled, so step N+1
-//! can be scheduled before step N's tokens are known. Adding async
-//! scheduling means: after scheduling a decode, count one *output
-//! placeholder* per request (vLLM's `num_output_placeholders`), schedule
+//! is scheduled before step N's tokens are known: after scheduling a
+//! decode the scheduler counts one *output placeholder* per request
+//! (vLLM's `num_output_placeholders`), schedules
 //! `num_tokens + placeholders - num_computed_tokens` tokens next step (the
-//! KV manager already allocates slots beyond the known tokens), let the worker
-//! feed its own previous sample as the next input, and in
-//! `update_from_output` decrement the placeholders, dropping tokens of
-//! requests that finished or were preempted meanwhile (stale outputs).
+//! KV manager allocates slots beyond the known tokens), the worker feeds
+//! its own previous sample as the next input, and `update_from_output`
+//! decrements the placeholders, dropping the tokens of requests that
+//! finished meanwhile; a request preempted meanwhile keeps its token (see
+//! `Scheduler::update_from_output`).
 
 use serde::{Deserialize, Serialize};
 
