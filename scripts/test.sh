@@ -4,6 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Formatting, first because it is cheap: the root workspace and the plugins'.
+cargo fmt --all --check
+(cd plugins && cargo fmt --all --check)
+
 # The WebAssembly target the plugins are built for.
 rustup target add wasm32-wasip2
 # The Python references the end-to-end tests compare against.
@@ -15,6 +19,13 @@ bash scripts/fetch-model.sh
 # The shipped and fixture plugins: their own workspace, built for WebAssembly
 # (the end-to-end tests load them from plugins/target), and their unit tests.
 (cd plugins && cargo build --release --target wasm32-wasip2 && cargo test)
+# Lints, warnings as errors: the plugins as built (wasm32-wasip2) and as
+# unit-tested (the host target), then the root workspace with every target
+# (the host crate, its tests and benches, the end-to-end tests).
+(cd plugins &&
+    cargo clippy --workspace --all-targets --target wasm32-wasip2 -- -D warnings &&
+    cargo clippy --workspace --all-targets -- -D warnings)
+cargo clippy --workspace --all-targets -- -D warnings
 # The plugin written in Python (componentize-py, pinned), built and unit-tested
 # once per run; tests/plugins_python.rs loads it into the engine.
 python3 -m pip install --quiet --disable-pip-version-check -r plugins/python/requirements.txt
