@@ -41,6 +41,8 @@ cargo test --workspace --all-targets
 NVRTC_LIB_DIR="$(python3 -c 'import nvidia.cuda_nvrtc as m; print(list(m.__path__)[0] + "/lib")')"
 LD_LIBRARY_PATH="$NVRTC_LIB_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     cargo test -p host --features cuda --lib cuda
+# The same lints over the code only `--features cuda` compiles.
+cargo clippy -p host --features cuda --all-targets -- -D warnings
 # The same code against CUDA 13.0's bindings (the variant scripts/gpu-check.sh
 # builds for a CUDA 13 device), compiled so that it cannot rot. Last, because
 # another CUDARC_CUDA_VERSION rebuilds cudarc and host; as the step above's
