@@ -18,9 +18,8 @@ use super::params::{self, PromptInput};
 use super::protocol::{CompletionRequest, SamplingRequest, Usage};
 use super::sse::{self, ChunkFormat};
 use super::AppState;
-use crate::engine::Delta;
+use crate::engine::{Delta, Logprobs};
 use crate::tokenizer::Tokenizer;
-use crate::worker::Logprobs;
 
 /// vLLM's and OpenAI's default `max_tokens` for completions.
 const DEFAULT_MAX_TOKENS: u32 = 16;

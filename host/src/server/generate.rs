@@ -12,11 +12,11 @@
 //! when it asked to be streamed (the stream's headers are not sent yet).
 
 use crate::engine::{
-    Delta, EngineCoreError, EngineCoreOutput, EngineCoreRequest, Finish, OutputStream, RequestState,
+    Delta, EngineCoreError, EngineCoreOutput, EngineCoreRequest, Finish, Logprobs, OutputStream,
+    RequestState,
 };
 use crate::sampling::SamplingParams;
 use crate::tokenizer::Tokenizer;
-use crate::worker::Logprobs;
 
 use super::error::ApiError;
 use super::params::child_params;
