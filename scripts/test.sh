@@ -4,12 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The WebAssembly target the plugins are built for, and the lint tools.
+rustup target add wasm32-wasip2
+rustup component add rustfmt clippy
 # Formatting, first because it is cheap: the root workspace and the plugins'.
 cargo fmt --all --check
 (cd plugins && cargo fmt --all --check)
-
-# The WebAssembly target the plugins are built for.
-rustup target add wasm32-wasip2
 # The Python references the end-to-end tests compare against.
 python3 -m pip install --quiet --disable-pip-version-check -r tests/reference/requirements.txt
 # NVRTC, so the CUDA kernels compile to PTX here although no GPU is present.
