@@ -1,0 +1,128 @@
+//! AVX-512 VNNI integer block sums for the [`gemv`](super::gemv) kernels;
+//! the driver and the float part are shared with AVX2 in
+//! [`gemv_simd`](super::gemv_simd), so results are bit-identical to it and to
+//! the scalar path.
+//!
+//! `vpdpbusd` multiplies 64 unsigned bytes by 64 signed bytes and adds each
+//! group of four products into one of 16 i32 lanes, with no intermediate
+//! saturation: one instruction per two blocks and token, where AVX2 needs
+//! `maddubs` + `madd` per block. Q4 nibbles (0..15) are unsigned already.
+//! Q8_0 weights are signed, so we feed `w + 128` (an XOR with 0x80) and
+//! subtract `128 * sum(x)` per block afterwards from the activation block
+//! sums [`Q8Acts`] keeps: exact, and the correction costs one shift and one
+//! subtraction per eight blocks instead of sign tricks per block.
+//! The last group of a row (fewer than eight blocks) uses masked loads,
+//! which never touch the masked-out bytes.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::gemv_simd::{BlockSums, Tokens};
+use super::quant::Q8Acts;
+use super::weights::{WeightMatrix, QK};
+use super::OutPtr;
+
+/// AVX-512 VNNI [`gemv_rows`](super::gemv::gemv_rows).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI; `out` must
+/// be valid for `n_tokens * w.rows()` values, and no other thread may write
+/// these rows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn gemv_rows(
+    w: &WeightMatrix,
+    acts: &Q8Acts,
+    n_tokens: usize,
+    rows: Range<usize>,
+    out: OutPtr,
+) {
+    super::gemv_simd::gemv_rows::<Avx512Vnni>(w, acts, n_tokens, rows, out);
+}
+
+/// The AVX-512 VNNI [`BlockSums`].
+struct Avx512Vnni;
+
+/// Byte mask of the part of a `len`-byte span that lies in the 64 bytes
+/// starting at `at`.
+#[inline(always)]
+fn mask64(len: usize, at: usize) -> __mmask64 {
+    match len.saturating_sub(at) {
+        0 => 0,
+        n if n >= 64 => u64::MAX,
+        n => (1u64 << n) - 1,
+    }
+}
+
+impl BlockSums for Avx512Vnni {
+    #[inline(always)]
+    unsafe fn sums8<const Q4: bool, const NT: usize>(
+        qs: *const u8,
+        g: usize,
+        n: usize,
+        x: &Tokens<NT>,
+    ) -> [__m256i; NT] {
+        // Four registers of unsigned weights, each two blocks in the order
+        // of the activations (32 quants of block 2i, then of block 2i + 1).
+        let w: [__m512i; 4] = if Q4 {
+            // 16 bytes per block: quant j in the low nibble of byte j,
+            // quant j + 16 in its high nibble.
+            let (src, len, low4) = (qs.add(g * QK / 2), n * QK / 2, _mm512_set1_epi8(0x0F));
+            let split = |at: usize| {
+                let raw = _mm512_maskz_loadu_epi8(mask64(len, at), src.add(at).cast());
+                let lo = _mm512_and_si512(raw, low4);
+                (lo, _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low4))
+            };
+            // 64-bit lane indices: the low then high nibbles of each block.
+            let first = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+            let second = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+            let (lo_a, hi_a) = split(0);
+            let (lo_b, hi_b) = split(64);
+            [
+                _mm512_permutex2var_epi64(lo_a, first, hi_a),
+                _mm512_permutex2var_epi64(lo_a, second, hi_a),
+                _mm512_permutex2var_epi64(lo_b, first, hi_b),
+                _mm512_permutex2var_epi64(lo_b, second, hi_b),
+            ]
+        } else {
+            let (src, len, bias) = (qs.add(g * QK), n * QK, _mm512_set1_epi8(-128));
+            std::array::from_fn(|i| {
+                let raw = _mm512_maskz_loadu_epi8(mask64(len, 64 * i), src.add(64 * i).cast());
+                _mm512_xor_si512(raw, bias)
+            })
+        };
+        let len = n * QK;
+        std::array::from_fn(|t| {
+            let src = x.qs[t].add(g * QK);
+            let p: [__m512i; 4] = std::array::from_fn(|i| {
+                let xv = _mm512_maskz_loadu_epi8(mask64(len, 64 * i), src.add(64 * i));
+                _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[i], xv)
+            });
+            let sums = reduce8(p);
+            if Q4 {
+                sums
+            } else {
+                // Remove the bias: sum((w + 128) x) - 128 sum(x). `Q8Acts`
+                // pads its sum rows to a multiple of 8, so this load is in bounds.
+                let xsum = _mm256_loadu_si256(x.sums[t].add(g).cast());
+                _mm256_sub_epi32(sums, _mm256_slli_epi32::<7>(xsum))
+            }
+        })
+    }
+}
+
+/// Lane `j` = the exact sum of block `j`'s eight partial sums, where `p[i]`
+/// holds block `2i` in its low 256 bits and block `2i + 1` in its high ones.
+#[inline(always)]
+unsafe fn reduce8(p: [__m512i; 4]) -> __m256i {
+    let pair = |a: __m512i, b: __m512i| {
+        _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b))
+    };
+    let (a, b) = (pair(p[0], p[1]), pair(p[2], p[3]));
+    // 128-bit lane k: the sums of lane k of p[0], p[1], p[2], p[3].
+    let c = _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+    // Add the two 128-bit lanes of each block: lane 0 holds blocks 0, 2, 4,
+    // 6 and lane 2 blocks 1, 3, 5, 7.
+    let d = _mm512_add_epi32(c, _mm512_shuffle_i64x2::<0xB1>(c, c));
+    let order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 0, 0, 0, 0, 0, 0, 0, 0);
+    _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, d))
+}
