@@ -4,34 +4,45 @@
 use std::sync::OnceLock;
 
 /// The environment variable that forces a kernel family: `scalar`, `avx2`,
-/// `avx512vnni`, or `auto` (the default: the fastest the CPU supports).
+/// `avxvnni`, `avx512vnni`, or `auto` (the default: the fastest the CPU
+/// supports).
 pub const KERNELS_ENV: &str = "HOST_CPU_KERNELS";
 
 /// A family of CPU kernels. Every family computes bit-identical results (the
 /// integer kernels reproduce the scalar path's float order exactly), so the
-/// choice changes speed only. Ordered: each family includes the ones before
-/// it (an AVX-512 VNNI CPU also runs the AVX2 kernels for everything that
-/// has no VNNI version).
+/// choice changes speed only. Ordered by preference; both VNNI families
+/// include AVX2 (they run the AVX2 kernels for everything that has no VNNI
+/// version), but neither implies the other (Ice Lake has AVX-512 VNNI and
+/// no AVX-VNNI; Alder Lake the reverse).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum CpuKernels {
     /// Portable Rust, the reference every SIMD version is tested against.
     Scalar,
     /// AVX2 + FMA + F16C (`maddubs`/`madd` integer dot products).
     Avx2,
-    /// AVX2's set plus AVX-512 F/BW/VL and VNNI (`vpdpbusd` integer dot
-    /// products) for the quantized matmuls.
+    /// AVX2's set plus AVX-VNNI: the AVX2 quantized matmuls with the
+    /// 256-bit `vpdpbusd` in place of `maddubs` + `madd`.
+    AvxVnni,
+    /// AVX2's set plus AVX-512 F/BW/VL and VNNI (512-bit `vpdpbusd` integer
+    /// dot products) for the quantized matmuls.
     Avx512Vnni,
 }
 
 impl CpuKernels {
     /// Every family, slowest first.
-    pub const ALL: [CpuKernels; 3] = [CpuKernels::Scalar, CpuKernels::Avx2, CpuKernels::Avx512Vnni];
+    pub const ALL: [CpuKernels; 4] = [
+        CpuKernels::Scalar,
+        CpuKernels::Avx2,
+        CpuKernels::AvxVnni,
+        CpuKernels::Avx512Vnni,
+    ];
 
     /// The name `HOST_CPU_KERNELS` accepts.
     pub fn name(self) -> &'static str {
         match self {
             CpuKernels::Scalar => "scalar",
             CpuKernels::Avx2 => "avx2",
+            CpuKernels::AvxVnni => "avxvnni",
             CpuKernels::Avx512Vnni => "avx512vnni",
         }
     }
@@ -41,6 +52,7 @@ impl CpuKernels {
         match self {
             CpuKernels::Scalar => true,
             CpuKernels::Avx2 => has_avx2_fma_f16c(),
+            CpuKernels::AvxVnni => has_avx2_fma_f16c() && has_avx_vnni(),
             CpuKernels::Avx512Vnni => has_avx2_fma_f16c() && has_avx512_vnni(),
         }
     }
@@ -106,7 +118,13 @@ fn has_avx2_fma_f16c() -> bool {
         && is_x86_feature_detected!("f16c")
 }
 
-/// The VNNI family's extra CPU features.
+/// The AVX-VNNI family's extra CPU feature.
+#[cfg(target_arch = "x86_64")]
+fn has_avx_vnni() -> bool {
+    is_x86_feature_detected!("avxvnni")
+}
+
+/// The AVX-512 VNNI family's extra CPU features.
 #[cfg(target_arch = "x86_64")]
 fn has_avx512_vnni() -> bool {
     is_x86_feature_detected!("avx512f")
@@ -123,6 +141,12 @@ fn has_avx2_fma_f16c() -> bool {
 
 /// Other architectures run the portable scalar kernels.
 #[cfg(not(target_arch = "x86_64"))]
+fn has_avx_vnni() -> bool {
+    false
+}
+
+/// Other architectures run the portable scalar kernels.
+#[cfg(not(target_arch = "x86_64"))]
 fn has_avx512_vnni() -> bool {
     false
 }
@@ -134,9 +158,11 @@ mod tests {
 
     #[test]
     fn the_override_picks_a_supported_family_or_explains() {
-        let all = [Scalar, Avx2, Avx512Vnni];
+        let all = [Scalar, Avx2, AvxVnni, Avx512Vnni];
         assert_eq!(choose(None, &all), Ok(Avx512Vnni));
         assert_eq!(choose(Some("auto"), &[Scalar, Avx2]), Ok(Avx2));
+        assert_eq!(choose(Some("auto"), &[Scalar, Avx2, AvxVnni]), Ok(AvxVnni));
+        assert_eq!(choose(Some("avxvnni"), &all), Ok(AvxVnni));
         assert_eq!(choose(Some(" avx2 "), &all), Ok(Avx2));
         assert_eq!(choose(Some("scalar"), &[Scalar]), Ok(Scalar));
         let e = choose(Some("avx512vnni"), &[Scalar, Avx2]).unwrap_err();
@@ -153,8 +179,9 @@ mod tests {
         let available = CpuKernels::available();
         assert_eq!(available[0], Scalar);
         assert!(available.contains(&CpuKernels::active()));
-        // Each family includes the ones before it.
+        // In preference order, and every SIMD family includes AVX2.
         assert!(available.windows(2).all(|w| w[0] < w[1]));
+        assert!(available.len() < 3 || available[1] == Avx2);
         assert_eq!(
             available.len(),
             CpuKernels::ALL.iter().filter(|k| k.is_supported()).count()

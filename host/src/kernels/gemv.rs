@@ -37,11 +37,18 @@ pub(crate) fn gemv_rows(
         CpuKernels::Avx2 => unsafe { super::gemv_avx2::gemv_rows(w, acts, n_tokens, rows, out) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
+        CpuKernels::AvxVnni => unsafe {
+            super::gemv_avx2::gemv_rows_vnni(w, acts, n_tokens, rows, out)
+        },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
         CpuKernels::Avx512Vnni => unsafe {
             super::gemv_avx512::gemv_rows(w, acts, n_tokens, rows, out)
         },
         #[cfg(not(target_arch = "x86_64"))]
-        CpuKernels::Avx2 | CpuKernels::Avx512Vnni => unreachable!("never supported here"),
+        CpuKernels::Avx2 | CpuKernels::AvxVnni | CpuKernels::Avx512Vnni => {
+            unreachable!("never supported here")
+        }
     }
 }
 

@@ -9,6 +9,10 @@
 //! ones (to 8 x i32 partial sums). Q8_0 weights are signed, so we multiply
 //! `|w|` by `x` carrying `w`'s sign instead. Eight blocks' partial sums are
 //! then reduced to eight exact block sums with horizontal adds.
+//!
+//! CPUs with AVX-VNNI (256-bit `vpdpbusd`, u8 x i8 summed in fours into
+//! i32 lanes) replace `maddubs` + `madd` by that one instruction and keep
+//! everything else, so the same code serves both (`Avx2<VNNI>`).
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -31,13 +35,28 @@ pub(crate) unsafe fn gemv_rows(
     rows: Range<usize>,
     out: OutPtr,
 ) {
-    super::gemv_simd::gemv_rows::<Avx2>(w, acts, n_tokens, rows, out);
+    super::gemv_simd::gemv_rows::<Avx2<false>>(w, acts, n_tokens, rows, out);
 }
 
-/// The AVX2 [`BlockSums`].
-struct Avx2;
+/// AVX-VNNI [`gemv_rows`](super::gemv::gemv_rows).
+///
+/// # Safety
+/// As [`gemv_rows`], and the CPU must support AVX-VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub(crate) unsafe fn gemv_rows_vnni(
+    w: &WeightMatrix,
+    acts: &Q8Acts,
+    n_tokens: usize,
+    rows: Range<usize>,
+    out: OutPtr,
+) {
+    super::gemv_simd::gemv_rows::<Avx2<true>>(w, acts, n_tokens, rows, out);
+}
 
-impl BlockSums for Avx2 {
+/// The AVX2 [`BlockSums`]; `VNNI` uses AVX-VNNI's `vpdpbusd`.
+struct Avx2<const VNNI: bool>;
+
+impl<const VNNI: bool> BlockSums for Avx2<VNNI> {
     #[inline(always)]
     unsafe fn sums8<const Q4: bool, const NT: usize>(
         qs: *const u8,
@@ -70,7 +89,11 @@ impl BlockSums for Avx2 {
                 if !Q4 {
                     xv = _mm256_sign_epi8(xv, wsign[j]);
                 }
-                parts[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(wu[j], xv), _mm256_set1_epi16(1));
+                parts[j] = if VNNI {
+                    _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), wu[j], xv)
+                } else {
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(wu[j], xv), _mm256_set1_epi16(1))
+                };
             }
             reduce8(parts)
         })
