@@ -8,9 +8,11 @@ use std::sync::OnceLock;
 /// supports).
 pub const KERNELS_ENV: &str = "HOST_CPU_KERNELS";
 
-/// A family of CPU kernels. Every family computes bit-identical results (the
-/// integer kernels reproduce the scalar path's float order exactly), so the
-/// choice changes speed only. Ordered by preference; both VNNI families
+/// A family of CPU kernels. The quantized matmuls of every family compute
+/// bit-identical results (they reproduce the scalar path's float order
+/// exactly), so for them the choice changes speed only; the other SIMD
+/// kernels (norms, softmax, SiLU, dot) match scalar within a tolerance.
+/// Ordered by preference; both VNNI families
 /// include AVX2 (they run the AVX2 kernels for everything that has no VNNI
 /// version), but neither implies the other (Ice Lake has AVX-512 VNNI and
 /// no AVX-VNNI; Alder Lake the reverse).
