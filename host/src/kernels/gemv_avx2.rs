@@ -82,7 +82,10 @@ impl<const VNNI: bool> BlockSums for Avx2<VNNI> {
                 wsign[j] = raw;
             }
         }
-        std::array::from_fn(|t| {
+        // Loops, not `array::from_fn`: a closure is compiled without this
+        // function's target features, so its intrinsics would not inline.
+        let mut sums = [_mm256_setzero_si256(); NT];
+        for (t, sums) in sums.iter_mut().enumerate() {
             let mut parts = [_mm256_setzero_si256(); GROUP];
             for j in 0..n {
                 let mut xv = _mm256_loadu_si256(x.qs[t].add((g + j) * QK).cast());
@@ -95,8 +98,9 @@ impl<const VNNI: bool> BlockSums for Avx2<VNNI> {
                     _mm256_madd_epi16(_mm256_maddubs_epi16(wu[j], xv), _mm256_set1_epi16(1))
                 };
             }
-            reduce8(parts)
-        })
+            *sums = reduce8(parts);
+        }
+        sums
     }
 }
 

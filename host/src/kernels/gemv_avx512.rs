@@ -63,50 +63,50 @@ impl BlockSums for Avx512Vnni {
     ) -> [__m256i; NT] {
         // Four registers of unsigned weights, each two blocks in the order
         // of the activations (32 quants of block 2i, then of block 2i + 1).
-        let w: [__m512i; 4] = if Q4 {
+        // Loops and functions, not closures: a closure is compiled without
+        // the caller's target features, so its intrinsics would not inline.
+        let mut w = [_mm512_setzero_si512(); 4];
+        if Q4 {
             // 16 bytes per block: quant j in the low nibble of byte j,
-            // quant j + 16 in its high nibble.
-            let (src, len, low4) = (qs.add(g * QK / 2), n * QK / 2, _mm512_set1_epi8(0x0F));
-            let split = |at: usize| {
-                let raw = _mm512_maskz_loadu_epi8(mask64(len, at), src.add(at).cast());
-                let lo = _mm512_and_si512(raw, low4);
-                (lo, _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low4))
-            };
-            // 64-bit lane indices: the low then high nibbles of each block.
+            // quant j + 16 in its high nibble. 64-bit lane indices: the low
+            // then the high nibbles of each block.
             let first = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
             let second = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
-            let (lo_a, hi_a) = split(0);
-            let (lo_b, hi_b) = split(64);
-            [
-                _mm512_permutex2var_epi64(lo_a, first, hi_a),
-                _mm512_permutex2var_epi64(lo_a, second, hi_a),
-                _mm512_permutex2var_epi64(lo_b, first, hi_b),
-                _mm512_permutex2var_epi64(lo_b, second, hi_b),
-            ]
+            let (src, len) = (qs.add(g * QK / 2), n * QK / 2);
+            for half in 0..2 {
+                let at = 64 * half;
+                let raw = _mm512_maskz_loadu_epi8(mask64(len, at), src.add(at).cast());
+                let low4 = _mm512_set1_epi8(0x0F);
+                let lo = _mm512_and_si512(raw, low4);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low4);
+                w[2 * half] = _mm512_permutex2var_epi64(lo, first, hi);
+                w[2 * half + 1] = _mm512_permutex2var_epi64(lo, second, hi);
+            }
         } else {
-            let (src, len, bias) = (qs.add(g * QK), n * QK, _mm512_set1_epi8(-128));
-            std::array::from_fn(|i| {
+            let (src, len) = (qs.add(g * QK), n * QK);
+            for (i, w) in w.iter_mut().enumerate() {
                 let raw = _mm512_maskz_loadu_epi8(mask64(len, 64 * i), src.add(64 * i).cast());
-                _mm512_xor_si512(raw, bias)
-            })
-        };
+                *w = _mm512_xor_si512(raw, _mm512_set1_epi8(-128));
+            }
+        }
         let len = n * QK;
-        std::array::from_fn(|t| {
+        let mut sums = [_mm256_setzero_si256(); NT];
+        for (t, sums) in sums.iter_mut().enumerate() {
             let src = x.qs[t].add(g * QK);
-            let p: [__m512i; 4] = std::array::from_fn(|i| {
+            let mut p = [_mm512_setzero_si512(); 4];
+            for (i, p) in p.iter_mut().enumerate() {
                 let xv = _mm512_maskz_loadu_epi8(mask64(len, 64 * i), src.add(64 * i));
-                _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[i], xv)
-            });
-            let sums = reduce8(p);
-            if Q4 {
-                sums
-            } else {
+                *p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[i], xv);
+            }
+            *sums = reduce8(p);
+            if !Q4 {
                 // Remove the bias: sum((w + 128) x) - 128 sum(x). `Q8Acts`
                 // pads its sum rows to a multiple of 8, so this load is in bounds.
                 let xsum = _mm256_loadu_si256(x.sums[t].add(g).cast());
-                _mm256_sub_epi32(sums, _mm256_slli_epi32::<7>(xsum))
+                *sums = _mm256_sub_epi32(*sums, _mm256_slli_epi32::<7>(xsum));
             }
-        })
+        }
+        sums
     }
 }
 
@@ -114,10 +114,14 @@ impl BlockSums for Avx512Vnni {
 /// holds block `2i` in its low 256 bits and block `2i + 1` in its high ones.
 #[inline(always)]
 unsafe fn reduce8(p: [__m512i; 4]) -> __m256i {
-    let pair = |a: __m512i, b: __m512i| {
-        _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b))
-    };
-    let (a, b) = (pair(p[0], p[1]), pair(p[2], p[3]));
+    let a = _mm512_add_epi32(
+        _mm512_unpacklo_epi32(p[0], p[1]),
+        _mm512_unpackhi_epi32(p[0], p[1]),
+    );
+    let b = _mm512_add_epi32(
+        _mm512_unpacklo_epi32(p[2], p[3]),
+        _mm512_unpackhi_epi32(p[2], p[3]),
+    );
     // 128-bit lane k: the sums of lane k of p[0], p[1], p[2], p[3].
     let c = _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
     // Add the two 128-bit lanes of each block: lane 0 holds blocks 0, 2, 4,
