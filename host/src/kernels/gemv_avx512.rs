@@ -10,7 +10,9 @@
 //! Q8_0 weights are signed, so we feed `w + 128` (an XOR with 0x80) and
 //! subtract `128 * sum(x)` per block afterwards from the activation block
 //! sums [`Q8Acts`] keeps: exact, and the correction costs one shift and one
-//! subtraction per eight blocks instead of sign tricks per block.
+//! subtraction per eight blocks instead of sign tricks per block. The 4-bit
+//! kernel reads the activations in a reordered copy (`Q8Acts::halves`) that
+//! saves it the weight shuffles (see [`q4_sums`]).
 //! The last group of a row (fewer than eight blocks) uses masked loads,
 //! which never touch the masked-out bytes.
 
@@ -61,53 +63,88 @@ impl BlockSums for Avx512Vnni {
         n: usize,
         x: &Tokens<NT>,
     ) -> [__m256i; NT] {
-        // Four registers of unsigned weights, each two blocks in the order
-        // of the activations (32 quants of block 2i, then of block 2i + 1).
-        // Loops and functions, not closures: a closure is compiled without
-        // the caller's target features, so its intrinsics would not inline.
-        let mut w = [_mm512_setzero_si512(); 4];
         if Q4 {
-            // 16 bytes per block: quant j in the low nibble of byte j,
-            // quant j + 16 in its high nibble. 64-bit lane indices: the low
-            // then the high nibbles of each block.
-            let first = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
-            let second = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
-            let (src, len) = (qs.add(g * QK / 2), n * QK / 2);
-            for half in 0..2 {
-                let at = 64 * half;
-                let raw = _mm512_maskz_loadu_epi8(mask64(len, at), src.add(at).cast());
-                let low4 = _mm512_set1_epi8(0x0F);
-                let lo = _mm512_and_si512(raw, low4);
-                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low4);
-                w[2 * half] = _mm512_permutex2var_epi64(lo, first, hi);
-                w[2 * half + 1] = _mm512_permutex2var_epi64(lo, second, hi);
-            }
+            q4_sums(qs, g, n, x)
         } else {
-            let (src, len) = (qs.add(g * QK), n * QK);
-            for (i, w) in w.iter_mut().enumerate() {
-                let raw = _mm512_maskz_loadu_epi8(mask64(len, 64 * i), src.add(64 * i).cast());
-                *w = _mm512_xor_si512(raw, _mm512_set1_epi8(-128));
-            }
+            q8_sums(qs, g, n, x)
         }
-        let len = n * QK;
-        let mut sums = [_mm256_setzero_si256(); NT];
-        for (t, sums) in sums.iter_mut().enumerate() {
-            let src = x.qs[t].add(g * QK);
-            let mut p = [_mm512_setzero_si512(); 4];
-            for (i, p) in p.iter_mut().enumerate() {
-                let xv = _mm512_maskz_loadu_epi8(mask64(len, 64 * i), src.add(64 * i));
-                *p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[i], xv);
-            }
-            *sums = reduce8(p);
-            if !Q4 {
-                // Remove the bias: sum((w + 128) x) - 128 sum(x). `Q8Acts`
-                // pads its sum rows to a multiple of 8, so this load is in bounds.
-                let xsum = _mm256_loadu_si256(x.sums[t].add(g).cast());
-                *sums = _mm256_sub_epi32(*sums, _mm256_slli_epi32::<7>(xsum));
-            }
-        }
-        sums
     }
+}
+
+/// [`BlockSums::sums8`] for 4-bit weights. 64 bytes of weights are four
+/// blocks; their low nibbles (quants 0..16 of each) and high nibbles
+/// (16..32) meet the activations in `Q8Acts::halves` order, so two
+/// `vpdpbusd` into one register give each block's products in its own
+/// 128-bit lane, with no shuffle of weights or activations.
+#[inline(always)]
+unsafe fn q4_sums<const NT: usize>(
+    qs: *const u8,
+    g: usize,
+    n: usize,
+    x: &Tokens<NT>,
+) -> [__m256i; NT] {
+    let (src, len, low4) = (qs.add(g * QK / 2), n * QK / 2, _mm512_set1_epi8(0x0F));
+    let mut lo = [_mm512_setzero_si512(); 2];
+    let mut hi = [_mm512_setzero_si512(); 2];
+    for h in 0..2 {
+        let raw = _mm512_maskz_loadu_epi8(mask64(len, 64 * h), src.add(64 * h).cast());
+        lo[h] = _mm512_and_si512(raw, low4);
+        hi[h] = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low4);
+    }
+    let mut sums = [_mm256_setzero_si256(); NT];
+    for (t, sums) in sums.iter_mut().enumerate() {
+        // `halves` rows are padded to whole groups of four blocks, so only
+        // a group that does not exist at all must be skipped.
+        let xs = x.halves[t].add(g * QK);
+        let mut p = [_mm512_setzero_si512(); 2];
+        for (h, p) in p.iter_mut().enumerate() {
+            let k = if 4 * h < n { u64::MAX } else { 0 };
+            let xl = _mm512_maskz_loadu_epi8(k, xs.add(128 * h));
+            let xh = _mm512_maskz_loadu_epi8(k, xs.add(128 * h + 64));
+            *p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(*p, lo[h], xl), hi[h], xh);
+        }
+        // 128-bit lane k: [a0+a2, b0+b2, a1+a3, b1+b3] for block g + k (a)
+        // and g + 4 + k (b), then [A, B, A, B] with A, B their sums.
+        let s = _mm512_add_epi32(
+            _mm512_unpacklo_epi32(p[0], p[1]),
+            _mm512_unpackhi_epi32(p[0], p[1]),
+        );
+        let s = _mm512_add_epi32(s, _mm512_shuffle_epi32::<0x4E>(s));
+        let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+        *sums = _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, s));
+    }
+    sums
+}
+
+/// [`BlockSums::sums8`] for signed 8-bit weights, biased to unsigned.
+#[inline(always)]
+unsafe fn q8_sums<const NT: usize>(
+    qs: *const u8,
+    g: usize,
+    n: usize,
+    x: &Tokens<NT>,
+) -> [__m256i; NT] {
+    // Four registers of `w + 128`, each two blocks in activation order.
+    let (src, len) = (qs.add(g * QK), n * QK);
+    let mut w = [_mm512_setzero_si512(); 4];
+    for (i, w) in w.iter_mut().enumerate() {
+        let raw = _mm512_maskz_loadu_epi8(mask64(len, 64 * i), src.add(64 * i).cast());
+        *w = _mm512_xor_si512(raw, _mm512_set1_epi8(-128));
+    }
+    let mut sums = [_mm256_setzero_si256(); NT];
+    for (t, sums) in sums.iter_mut().enumerate() {
+        let xs = x.qs[t].add(g * QK);
+        let mut p = [_mm512_setzero_si512(); 4];
+        for (i, p) in p.iter_mut().enumerate() {
+            let xv = _mm512_maskz_loadu_epi8(mask64(len, 64 * i), xs.add(64 * i));
+            *p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[i], xv);
+        }
+        // Remove the bias: sum((w + 128) x) - 128 sum(x). `Q8Acts` pads its
+        // sum rows to a multiple of 8, so this load is in bounds.
+        let xsum = _mm256_loadu_si256(x.sums[t].add(g).cast());
+        *sums = _mm256_sub_epi32(reduce8(p), _mm256_slli_epi32::<7>(xsum));
+    }
+    sums
 }
 
 /// Lane `j` = the exact sum of block `j`'s eight partial sums, where `p[i]`

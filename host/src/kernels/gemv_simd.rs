@@ -41,6 +41,8 @@ pub(crate) struct Tokens<const NT: usize> {
     pub(crate) s: [*const f32; NT],
     /// Block `sum(q)` of each token, padded like `d`.
     pub(crate) sums: [*const i32; NT],
+    /// Quants of each token in `Q8Acts::halves` order (AVX-512 VNNI only).
+    pub(crate) halves: [*const i8; NT],
 }
 
 /// How one instruction set computes exact integer block sums.
@@ -134,12 +136,14 @@ unsafe fn chunk_rows<K: BlockSums, const NT: usize, const R: usize>(
         d: [std::ptr::null(); NT],
         s: [std::ptr::null(); NT],
         sums: [std::ptr::null(); NT],
+        halves: [std::ptr::null(); NT],
     };
     for t in 0..NT {
         let (d, s) = acts.row_scales(t0 + t);
         x.qs[t] = acts.row_qs(t0 + t).as_ptr();
         (x.d[t], x.s[t]) = (d.as_ptr(), s.as_ptr());
         x.sums[t] = acts.row_sums(t0 + t).as_ptr();
+        x.halves[t] = acts.row_halves(t0 + t).as_ptr();
     }
     match &w.data {
         Packed::Q4 { qs, d, m } => {
