@@ -97,9 +97,9 @@ impl PagedAttention {
     /// workspace for the device's SM count.
     pub fn new(gpu: &Gpu, c: &LlamaConfig, block_size: usize) -> Result<Self, GpuError> {
         if c.head_dim > ATTN_MAX_DIM
-            || c.head_dim % 32 != 0
+            || !c.head_dim.is_multiple_of(32)
             || c.num_key_value_heads == 0
-            || c.num_attention_heads % c.num_key_value_heads != 0
+            || !c.num_attention_heads.is_multiple_of(c.num_key_value_heads)
         {
             return Err(GpuError::Unsupported(format!(
                 "head_dim {} with {} query / {} KV heads: the attention kernel needs head_dim a \

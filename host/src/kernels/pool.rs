@@ -142,7 +142,7 @@ impl Drop for WaitGuard<'_> {
         let mut spins = 0u32;
         while self.0.pending.load(Ordering::Acquire) != 0 {
             spins = spins.wrapping_add(1);
-            if spins % SPINS_PER_YIELD == 0 {
+            if spins.is_multiple_of(SPINS_PER_YIELD) {
                 thread::yield_now();
             } else {
                 std::hint::spin_loop();
@@ -207,7 +207,7 @@ fn wait_for_epoch(shared: &Shared, seen: u64) -> u64 {
             return now;
         }
         spins = spins.wrapping_add(1);
-        if spins % SPINS_PER_YIELD != 0 {
+        if !spins.is_multiple_of(SPINS_PER_YIELD) {
             std::hint::spin_loop();
             continue;
         }

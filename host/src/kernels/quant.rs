@@ -40,7 +40,7 @@ impl Q8Acts {
     /// Quantizes `x` (`n_tokens` rows of `cols`, `cols % 32 == 0`), reusing
     /// this buffer's memory.
     pub(crate) fn quantize(&mut self, x: &[f32], n_tokens: usize, cols: usize) {
-        debug_assert!(cols % QK == 0 && x.len() == n_tokens * cols);
+        debug_assert!(cols.is_multiple_of(QK) && x.len() == n_tokens * cols);
         let blocks = cols / QK;
         self.cols = cols;
         self.stride = blocks.div_ceil(8) * 8;

@@ -153,7 +153,7 @@ impl WeightMatrix {
                 }
             }
             Packed::Q8 { qs, d } => {
-                debug_assert!(start % QK == 0 && n % QK == 0);
+                debug_assert!(start.is_multiple_of(QK) && n.is_multiple_of(QK));
                 let qs = &qs.as_slice()[start..start + n];
                 for (b, (o, q)) in out
                     .chunks_exact_mut(QK)
@@ -167,7 +167,7 @@ impl WeightMatrix {
                 }
             }
             Packed::Q4 { qs, d, m } => {
-                debug_assert!(start % QK == 0 && n % QK == 0);
+                debug_assert!(start.is_multiple_of(QK) && n.is_multiple_of(QK));
                 let qs = &qs.as_slice()[start / 2..(start + n) / 2];
                 for (b, (o, q)) in out
                     .chunks_exact_mut(QK)

@@ -53,13 +53,13 @@ pub fn validate_config(c: &LlamaConfig) -> Result<(), ShapeError> {
     if let Some((name, _)) = sizes.iter().find(|(_, v)| *v == 0) {
         return err(format!("{name} is 0; it must be positive"));
     }
-    if c.num_attention_heads % c.num_key_value_heads != 0 {
+    if !c.num_attention_heads.is_multiple_of(c.num_key_value_heads) {
         return err(format!(
             "num_key_value_heads ({}) must divide num_attention_heads ({})",
             c.num_key_value_heads, c.num_attention_heads
         ));
     }
-    if c.rope_dim % 2 != 0 || c.rope_dim > c.head_dim {
+    if !c.rope_dim.is_multiple_of(2) || c.rope_dim > c.head_dim {
         return err(format!(
             "rope_dim ({}) must be even and at most head_dim ({})",
             c.rope_dim, c.head_dim
@@ -104,7 +104,7 @@ pub fn check_tensor(t: &Tensor, expected: &[usize]) -> Result<(), ShapeError> {
         })
     };
     let block = t.dtype.block_len();
-    if t.cols() % block != 0 {
+    if !t.cols().is_multiple_of(block) {
         return layout(format!(
             "rows of {} elements are not a whole number of {:?} blocks of {block}; \
              quantize this tensor to F32, F16 or BF16 instead",

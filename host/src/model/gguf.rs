@@ -149,14 +149,14 @@ impl GgufFile {
             .iter()
             .try_fold(1usize, |acc, &d| acc.checked_mul(usize::try_from(d).ok()?))
             .ok_or_else(|| bad(format!("dimensions {:?} overflow", raw.ne)))?;
-        if raw.ne[0] % dtype.block_len() as u64 != 0 {
+        if !raw.ne[0].is_multiple_of(dtype.block_len() as u64) {
             return Err(bad(format!(
                 "rows of {} elements are not a whole number of {dtype:?} blocks of {}",
                 raw.ne[0],
                 dtype.block_len()
             )));
         }
-        if raw.offset % alignment != 0 {
+        if !raw.offset.is_multiple_of(alignment) {
             return Err(bad(format!(
                 "data offset {} is not a multiple of {alignment}",
                 raw.offset

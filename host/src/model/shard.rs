@@ -69,7 +69,7 @@ fn why_not(c: &LlamaConfig, block: usize, n: usize) -> Option<String> {
         ))
     } else if ff % n != 0 {
         Some(format!("it must divide the MLP width {ff}"))
-    } else if (h / n * c.head_dim) % block != 0 || (ff / n) % block != 0 {
+    } else if !(h / n * c.head_dim).is_multiple_of(block) || !(ff / n).is_multiple_of(block) {
         Some(format!(
             "each rank's share of the attention output ({} columns) and of the MLP ({} columns) \
              must be whole quantization blocks of {block}",
@@ -195,7 +195,11 @@ pub fn rows(t: &Tensor, start: usize, len: usize) -> Result<Tensor, ShardError> 
 /// boundaries of its type.
 pub fn cols(t: &Tensor, start: usize, len: usize) -> Result<Tensor, ShardError> {
     let block = t.dtype.block_len();
-    if t.shape.len() != 2 || start + len > t.cols() || start % block != 0 || len % block != 0 {
+    if t.shape.len() != 2
+        || start + len > t.cols()
+        || !start.is_multiple_of(block)
+        || !len.is_multiple_of(block)
+    {
         return Err(ShardError::Tensor {
             tensor: t.name.clone(),
             reason: format!(
