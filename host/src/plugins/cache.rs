@@ -151,24 +151,7 @@ impl CompiledCache {
     fn store(&self, entry: &Path, name: &str, component: &Component) -> anyhow::Result<()> {
         let compiled = component.serialize()?;
         let tag = hmac_sha256(self.key.bytes(), &[name.as_bytes(), &[0], &compiled]);
-        let tmp = cache_guard::temp_path(entry);
-        let create = || {
-            OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&tmp)
-        };
-        let mut file = match create() {
-            Ok(f) => f,
-            // Left by a crashed process with this pid and thread, or
-            // planted: removing it removes a symlink itself, never its target.
-            Err(e) if e.kind() == ErrorKind::AlreadyExists => {
-                std::fs::remove_file(&tmp)?;
-                create()?
-            }
-            Err(e) => return Err(e.into()),
-        };
+        let (tmp, mut file) = cache_guard::create_temp(entry)?;
         let written = file
             .write_all(&tag)
             .and_then(|()| file.write_all(&compiled));

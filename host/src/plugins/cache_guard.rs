@@ -126,24 +126,8 @@ fn publish_new_key(path: &Path) -> Result<(), String> {
     std::fs::File::open("/dev/urandom")
         .and_then(|mut r| r.read_exact(&mut key))
         .map_err(|e| format!("cannot read /dev/urandom for the plugin cache key: {e}"))?;
-    let tmp = temp_path(path);
-    let create = || {
-        OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-    };
-    let mut file = match create() {
-        Err(e) if e.kind() == ErrorKind::AlreadyExists => {
-            // Left by a crashed process with this pid and thread, or
-            // planted: removing a symlink never touches its target.
-            let _ = std::fs::remove_file(&tmp);
-            create()
-        }
-        other => other,
-    }
-    .map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
+    let (tmp, mut file) =
+        create_temp(path).map_err(|e| format!("cannot create a file beside {shown}: {e}"))?;
     let linked = file
         .write_all(&key)
         .and_then(|()| file.sync_all())
@@ -154,6 +138,31 @@ fn publish_new_key(path: &Path) -> Result<(), String> {
         Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
         Err(e) => Err(format!("cannot write the plugin cache key {shown}: {e}")),
     }
+}
+
+/// Creates, exclusively and readable by the user alone, the file that is
+/// written first and then renamed or linked to `path` (see [`temp_path`]);
+/// returns its path and the open file. One already there was left by a
+/// crashed process with this pid and thread, or planted: it is removed
+/// (removing a symlink never touches its target) and creation is tried
+/// once more, still exclusively, so no link is ever followed.
+pub fn create_temp(path: &Path) -> std::io::Result<(PathBuf, std::fs::File)> {
+    let tmp = temp_path(path);
+    let create = || {
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+    };
+    let file = match create() {
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+            std::fs::remove_file(&tmp)?;
+            create()?
+        }
+        other => other?,
+    };
+    Ok((tmp, file))
 }
 
 /// Where a file to be renamed or linked to `path` is written first: named
