@@ -90,7 +90,7 @@ impl CompiledCache {
                 // SAFETY: the tag proves these bytes are what this host
                 // serialized under this entry's name, which includes the
                 // engine's compatibility hash; wasmtime checks its header too.
-                match unsafe { Component::deserialize(engine, &compiled) } {
+                match unsafe { Component::deserialize(engine, &compiled[TAG_LEN..]) } {
                     Ok(component) => return Ok((component, Outcome::Loaded)),
                     Err(e) => Some(format!("wasmtime refused it: {e}")),
                 }
@@ -113,8 +113,9 @@ impl CompiledCache {
         ))
     }
 
-    /// The entry's compiled bytes if its tag verifies; `None` when there is
-    /// none; an error saying why it is not trusted otherwise.
+    /// The entry's bytes (its tag, then the compiled component from
+    /// [`TAG_LEN`] on) if the tag verifies; `None` when there is none; an
+    /// error saying why it is not trusted otherwise.
     fn read_verified(&self, entry: &Path, name: &str) -> Result<Option<Vec<u8>>, String> {
         // Read into memory rather than mapped: a mapped file truncated by
         // another process would fault this one (SIGBUS).
@@ -144,7 +145,6 @@ impl CompiledCache {
                     .into(),
             );
         }
-        data.drain(..TAG_LEN);
         Ok(Some(data))
     }
 

@@ -39,40 +39,32 @@ pub fn check_completion(
 ) -> Result<(), ApiError> {
     match body.get("prompt") {
         Some(Value::String(s)) => prompt_bytes("prompt", len(s.len()), config)?,
-        Some(Value::Array(items)) => match items.first() {
-            // A flat list of numbers is one prompt of token ids.
-            Some(Value::Number(_)) => prompt_tokens("prompt", items.len(), max_model_len)?,
-            Some(Value::String(_)) => {
-                at_most(
-                    "prompt",
-                    len(items.len()),
-                    "prompts",
-                    config.max_prompts,
-                    "max_prompts",
-                )?;
-                let bytes = items
-                    .iter()
-                    .filter_map(Value::as_str)
-                    .map(|s| len(s.len()))
-                    .sum();
-                prompt_bytes("prompt", bytes, config)?;
-            }
-            Some(Value::Array(_)) => {
-                at_most(
-                    "prompt",
-                    len(items.len()),
-                    "prompts",
-                    config.max_prompts,
-                    "max_prompts",
-                )?;
-                for (i, ids) in items.iter().enumerate() {
-                    if let Some(ids) = ids.as_array() {
-                        prompt_tokens(&format!("prompt[{i}]"), ids.len(), max_model_len)?;
-                    }
+        // A flat list of numbers is one prompt of token ids.
+        Some(Value::Array(items)) if items.first().is_some_and(Value::is_number) => {
+            prompt_tokens("prompt", items.len(), max_model_len)?
+        }
+        // Otherwise a batch: of strings or of token-id lists.
+        Some(Value::Array(items)) => {
+            let count = len(items.len());
+            at_most(
+                "prompt",
+                count,
+                "prompts",
+                config.max_prompts,
+                "max_prompts",
+            )?;
+            let bytes = items
+                .iter()
+                .filter_map(Value::as_str)
+                .map(|s| len(s.len()))
+                .sum();
+            prompt_bytes("prompt", bytes, config)?;
+            for (i, ids) in items.iter().enumerate() {
+                if let Some(ids) = ids.as_array() {
+                    prompt_tokens(&format!("prompt[{i}]"), ids.len(), max_model_len)?;
                 }
             }
-            _ => {}
-        },
+        }
         _ => {}
     }
     check_sampling(body, config)
