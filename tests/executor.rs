@@ -17,7 +17,7 @@ use host::config::EngineConfig;
 use host::engine::{Executor, ExecutorError, GenerateRequest, Llm, MultiprocExecutor, Prompt};
 use host::message_queue::shm_names;
 use host::sampling::SamplingParams;
-use host::worker::RpcValue;
+use host::step::RpcValue;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 

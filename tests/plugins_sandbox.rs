@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use e2e::plugin;
 use host::config::PluginsConfig;
 use host::plugins::{host_from_config, PluginHost, PluginKind};
-use host::scheduler::{SchedulingPolicy, WaitingView};
+use host::scheduler::{policy_from_host, SchedulingPolicy, WaitingView};
 
 fn config(paths: Vec<PathBuf>, cache_dir: &std::path::Path) -> PluginsConfig {
     PluginsConfig {
@@ -66,27 +66,24 @@ fn policies_resolve_by_qualified_name() {
     );
     assert_eq!(info.options[0].name, "max_wait_s");
 
-    let mut sjf = host
-        .scheduling_policy("engine:shortest-prompt-first")
-        .unwrap();
+    let mut sjf = policy_from_host(&host, "engine:shortest-prompt-first").unwrap();
     assert_eq!(sjf.name(), "engine:shortest-prompt-first");
     assert_eq!(order(&mut *sjf), [1, 3, 4, 2, 0], "ascending prompt length");
     assert_eq!(
-        order(&mut *host.scheduling_policy("engine:fcfs").unwrap()),
+        order(&mut *policy_from_host(&host, "engine:fcfs").unwrap()),
         [0, 1, 2, 3, 4]
     );
     // Built-ins keep their names, qualified and bare.
     assert_eq!(
-        host.scheduling_policy("builtin:priority").unwrap().name(),
+        policy_from_host(&host, "builtin:priority").unwrap().name(),
         "builtin:priority"
     );
     assert_eq!(
-        host.scheduling_policy("fcfs").unwrap().name(),
+        policy_from_host(&host, "fcfs").unwrap().name(),
         "builtin:fcfs"
     );
 
-    let err = host
-        .scheduling_policy("acme:nope")
+    let err = policy_from_host(&host, "acme:nope")
         .err()
         .unwrap()
         .to_string();
@@ -111,11 +108,7 @@ fn plugin_options_reach_init_and_bad_ones_are_refused() {
     // Requests 0 and 1 arrived more than 2.5 s before the newest (at 4 s):
     // starved, so first (shorter of them first), then the rest by length.
     assert_eq!(
-        order(
-            &mut *host
-                .scheduling_policy("engine:shortest-prompt-first")
-                .unwrap()
-        ),
+        order(&mut *policy_from_host(&host, "engine:shortest-prompt-first").unwrap()),
         [1, 0, 3, 4, 2]
     );
 
@@ -124,8 +117,7 @@ fn plugin_options_reach_init_and_bad_ones_are_refused() {
         "max_wait = 1".parse().unwrap(),
     );
     let host = host_from_config(&c).unwrap();
-    let err = host
-        .scheduling_policy("engine:shortest-prompt-first")
+    let err = policy_from_host(&host, "engine:shortest-prompt-first")
         .err()
         .unwrap()
         .to_string();
@@ -146,8 +138,7 @@ fn plugin_options_reach_init_and_bad_ones_are_refused() {
 fn wrong_kind_and_newer_wit_are_refused_with_both_sides_named() {
     let cache = tempfile::tempdir().unwrap();
     let host = host_from_config(&config(vec![plugin("logit_bias")], cache.path())).unwrap();
-    let err = host
-        .scheduling_policy("engine:logit-bias")
+    let err = policy_from_host(&host, "engine:logit-bias")
         .err()
         .unwrap()
         .to_string();
@@ -205,7 +196,7 @@ fn compiled_components_are_cached_on_disk() {
         written
     );
     assert_eq!(
-        order(&mut *host.scheduling_policy("engine:fcfs").unwrap()),
+        order(&mut *policy_from_host(&host, "engine:fcfs").unwrap()),
         [0, 1, 2, 3, 4]
     );
     // A corrupt entry is recompiled, not trusted.
@@ -213,7 +204,7 @@ fn compiled_components_are_cached_on_disk() {
     std::fs::write(&first[0], b"garbage").unwrap();
     let host = host_from_config(&c).unwrap();
     assert_eq!(
-        order(&mut *host.scheduling_policy("engine:fcfs").unwrap()),
+        order(&mut *policy_from_host(&host, "engine:fcfs").unwrap()),
         [0, 1, 2, 3, 4]
     );
     assert!(
@@ -240,7 +231,7 @@ fn a_changed_or_swapped_cache_entry_is_recompiled_not_loaded() {
     let names: Vec<&str> = host.plugins().map(|p| p.name.as_str()).collect();
     assert_eq!(names, ["engine:fcfs"]);
     assert_eq!(
-        order(&mut *host.scheduling_policy("engine:fcfs").unwrap()),
+        order(&mut *policy_from_host(&host, "engine:fcfs").unwrap()),
         [0, 1, 2, 3, 4]
     );
     let rewritten = std::fs::read(&fcfs_entry).unwrap();
@@ -252,7 +243,7 @@ fn a_changed_or_swapped_cache_entry_is_recompiled_not_loaded() {
     std::fs::write(&fcfs_entry, &flipped).unwrap();
     let host = host_from_config(&fcfs).unwrap();
     assert_eq!(
-        order(&mut *host.scheduling_policy("engine:fcfs").unwrap()),
+        order(&mut *policy_from_host(&host, "engine:fcfs").unwrap()),
         [0, 1, 2, 3, 4]
     );
     assert_ne!(std::fs::read(&fcfs_entry).unwrap(), flipped, "rewritten");
@@ -266,7 +257,7 @@ fn a_cache_folder_others_may_write_is_not_used() {
     let host = host_from_config(&config(vec![plugin("fcfs")], cache.path())).unwrap();
     assert_eq!(host.runtime().cache_dir(), None, "the cache is off");
     assert_eq!(
-        order(&mut *host.scheduling_policy("engine:fcfs").unwrap()),
+        order(&mut *policy_from_host(&host, "engine:fcfs").unwrap()),
         [0, 1, 2, 3, 4],
         "the plugin still runs, compiled at load"
     );
@@ -418,7 +409,7 @@ fn host_plugin_list_and_inspect_print_what_plugins_declare() {
 fn auto_takes_the_one_policy_given_by_plugin_paths() {
     let cache = tempfile::tempdir().unwrap();
     let resolve = |paths: Vec<PathBuf>| {
-        host::plugins::scheduling_policy("auto", &config(paths, cache.path()))
+        host::scheduler::policy_from_config("auto", &config(paths, cache.path()))
             .map(|p| p.name().to_string())
     };
     assert_eq!(resolve(vec![]).unwrap(), "builtin:fcfs");
@@ -438,7 +429,7 @@ fn auto_takes_the_one_policy_given_by_plugin_paths() {
         err.contains("2 scheduling policies (engine:shortest-prompt-first, engine:fcfs)"),
         "{err}"
     );
-    let err = host::plugins::scheduling_policy("acme:x", &PluginsConfig::default())
+    let err = host::scheduler::policy_from_config("acme:x", &PluginsConfig::default())
         .err()
         .unwrap()
         .to_string();

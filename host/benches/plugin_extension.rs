@@ -17,8 +17,8 @@ use std::path::PathBuf;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use host::config::EngineConfig;
-use host::plugins::extension::register;
-use host::worker::{proc::worker_config, RpcValue, Worker, WorkerMethods};
+use host::step::RpcValue;
+use host::worker::{proc::worker_config, Worker, WorkerMethods};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -34,7 +34,7 @@ fn bench(c: &mut Criterion) {
     worker.init_device().unwrap();
     worker.load_model().unwrap();
     let mut methods = WorkerMethods::builtin();
-    register(&config, &mut methods).unwrap();
+    methods.register_extensions(&config).unwrap();
 
     let mut g = c.benchmark_group("plugin_extension");
     g.sample_size(20);

@@ -43,9 +43,10 @@ use host::config::PluginsConfig;
 use host::plugins::{host_from_config, runtime_from_config, PluginHost, Row};
 use host::sampling::{RequestSampler, SamplingParams};
 use host::scheduler::{
-    builtin_policy, ReqHandle, Request, RequestOutput, RunningView, Scheduler, SchedulerConfig,
-    SchedulerOutput, SchedulingPolicy, WaitingView,
+    builtin_policy, Request, RequestOutput, RunningView, Scheduler, SchedulerConfig,
+    SchedulingPolicy, WaitingView,
 };
+use host::step::{ReqHandle, SchedulerOutput};
 
 fn plugin(name: &str) -> PathBuf {
     let dir =

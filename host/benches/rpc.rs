@@ -25,8 +25,7 @@ use host::config::{default_model_path, EngineConfig};
 use host::engine::{Executor, MultiprocExecutor};
 use host::message_queue::encode;
 use host::sampling::SamplingParams;
-use host::scheduler::{CachedRequestData, NewRequestData, ReqHandle, SchedulerOutput};
-use host::worker::RpcValue;
+use host::step::{CachedRequestData, NewRequestData, ReqHandle, RpcValue, SchedulerOutput};
 
 const TIMEOUT: Option<Duration> = Some(Duration::from_secs(10));
 

@@ -23,9 +23,10 @@ use std::time::Duration;
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use host::sampling::SamplingParams;
 use host::scheduler::{
-    builtin_policy, ReqHandle, Request, RequestOutput, RunningView, Scheduler, SchedulerConfig,
-    SchedulerOutput, WaitingView, BUILTIN_POLICIES,
+    builtin_policy, Request, RequestOutput, RunningView, Scheduler, SchedulerConfig, WaitingView,
+    BUILTIN_POLICIES,
 };
+use host::step::{ReqHandle, SchedulerOutput};
 
 const PROMPT: u32 = 128;
 /// Steps one scheduler serves before it is rebuilt (untimed).

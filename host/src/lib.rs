@@ -22,5 +22,6 @@ pub mod plugins;
 pub mod sampling;
 pub mod scheduler;
 pub mod server;
+pub mod step;
 pub mod tokenizer;
 pub mod worker;

@@ -16,19 +16,16 @@
 use std::sync::Arc;
 
 mod config;
+mod extensions;
 mod host_api;
 mod input_batch;
-mod output;
 pub mod proc;
 mod registry;
-mod rpc;
 mod sleep;
 
 pub use config::{WorkerConfig, WorkerDevice, WorkerError};
 pub use host_api::LentModel;
-pub use output::{Logprobs, ModelRunnerOutput};
 pub use registry::{DuplicateMethod, Handler, WorkerMethods};
-pub use rpc::{RpcReply, RpcRequest, RpcValue};
 pub use sleep::{SleepLevel, WakeTags};
 
 use crate::distributed::AllReduceGroup;
@@ -37,7 +34,7 @@ use crate::model::{self, LlamaConfig, ModelWeights};
 use crate::model_runner::{
     CpuModelRunner, DeviceRunner, KvCacheBudget, Logits, ModelInput, RunnerConfig,
 };
-use crate::scheduler::SchedulerOutput;
+use crate::step::{ModelRunnerOutput, SchedulerOutput};
 use input_batch::{InputBatch, StepPlan};
 use sleep::Asleep;
 

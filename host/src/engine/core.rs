@@ -15,10 +15,9 @@ use super::executor::{Executor, ExecutorError, StepFuture};
 mod utility;
 use crate::sampling::SamplingParams;
 use crate::scheduler::{
-    FinishReason, Request, RequestOutput, Scheduler, SchedulerError, SchedulerOutput,
-    SchedulerStats,
+    FinishReason, Request, RequestOutput, Scheduler, SchedulerError, SchedulerStats,
 };
-use crate::worker::Logprobs;
+use crate::step::{Logprobs, SchedulerOutput};
 pub use utility::UTILITY_METHODS;
 
 /// A request as the engine core receives it: already tokenized.

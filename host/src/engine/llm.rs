@@ -12,8 +12,8 @@ use super::output_processor::{Finish, RequestMetrics, RequestState};
 use super::startup;
 use crate::config::EngineConfig;
 use crate::sampling::SamplingParams;
+use crate::step::Logprobs;
 use crate::tokenizer::{ChatMessage, Tokenizer};
-use crate::worker::Logprobs;
 
 /// What to complete.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

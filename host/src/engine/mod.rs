@@ -17,10 +17,9 @@ pub use self::core::{
     EngineCore, EngineCoreOutput, EngineCoreRequest, EngineError, EngineStats, StepTimings,
     UTILITY_METHODS,
 };
-// The parts of `EngineStats` and `EngineCoreOutput`, so a frontend reads
-// them from the engine without reaching into the scheduler, the KV cache or
-// the worker (issue 17 part 1 moves `Logprobs` to a leaf of step types).
-pub use crate::{kv_cache::PrefixCacheStats, scheduler::SchedulerStats, worker::Logprobs};
+// The parts of `EngineStats`, so a frontend reads them from the engine
+// without reaching into the scheduler or the KV cache.
+pub use crate::{kv_cache::PrefixCacheStats, scheduler::SchedulerStats};
 pub use client::{EngineCoreClient, EngineCoreError, OutputStream};
 pub use executor::{
     executor_for, Executor, ExecutorError, MultiprocExecutor, RpcFuture, StepFuture,

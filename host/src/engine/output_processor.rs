@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 use super::core::EngineCoreOutput;
 use crate::sampling::{SamplingParams, StopChecker};
 use crate::scheduler::FinishReason;
+use crate::step::Logprobs;
 use crate::tokenizer::{IncrementalDetokenizer, Tokenizer, TokenizerError};
-use crate::worker::Logprobs;
 
 /// Why a completion ended, as the OpenAI API and vLLM report it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -18,8 +18,9 @@ use super::executor::{executor_for, Executor, UniProcExecutor};
 use crate::config::EngineConfig;
 use crate::model::gguf::GgufFile;
 use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::step::RpcValue;
 use crate::tokenizer::Tokenizer;
-use crate::worker::{proc::worker_config, RpcValue, Worker};
+use crate::worker::{proc::worker_config, Worker};
 
 /// A worker in this process, its KV cache allocated, and the model's
 /// tokenizer: for callers that drive the model runner directly.
@@ -132,7 +133,7 @@ fn fit_to_kv_cache(
 fn scheduling_policy(
     config: &EngineConfig,
 ) -> anyhow::Result<Box<dyn crate::scheduler::SchedulingPolicy>> {
-    crate::plugins::scheduling_policy(&config.scheduler.policy, &config.plugins)
+    crate::scheduler::policy_from_config(&config.scheduler.policy, &config.plugins)
 }
 
 /// Sizes the KV cache to the fewest blocks any worker can hold, allocates

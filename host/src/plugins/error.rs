@@ -71,7 +71,7 @@ pub enum PluginError {
         name: String,
         /// The kind the configuration key wants.
         kind: PluginKind,
-        /// Every name of that kind, built-ins first.
+        /// Every name of that kind (for a policy, built-ins first).
         available: String,
     },
     /// The named plugin is of another kind.

@@ -13,23 +13,24 @@
 //! dropped and recreated afterwards). Outside a call the store holds
 //! nothing, and a host-api call traps.
 //!
+//! The worker registers each extension's methods as its own
+//! (`worker/extensions.rs`); nothing here knows the worker.
+//!
 //! Extensions run under their own limits (`plugins.extension_deadline_ms`,
 //! `plugins.extension_memory_limit_mib`): reading a weight copies it into
 //! the guest, which takes longer and more memory than a per-step hook.
 
 use std::any::Any;
-use std::sync::{Arc, Mutex};
 
 use super::bindings::extension::{host_api, WorkerExtensionPlugin};
 pub use super::bindings::extension::{KvCacheStats, ModelInfo, Weight};
 use super::instance::Sandboxed;
 use super::runtime::StoreState;
 use super::PluginError;
-use crate::config::EngineConfig;
-use crate::worker::{RpcValue, Worker, WorkerMethods};
 
-/// What the worker lends an extension for one call (the worker implements
-/// it; see `crate::worker::LentModel`).
+/// What the caller lends an extension for one call: the narrow host API the
+/// plugin host defines and the worker implements (its `LentModel`), so the
+/// plugin host needs nothing of the worker.
 pub trait HostApi: Any + Send {
     /// The loaded model's shape.
     fn model_info(&self) -> ModelInfo;
@@ -149,57 +150,4 @@ impl WorkerExtension {
         };
         (result, api)
     }
-}
-
-/// Binds the worker's plugin-loading method to the operator's `[plugins]`
-/// (`WorkerMethods::register_plugin_loading`), then loads every worker
-/// extension `worker.extension` names and registers its methods as
-/// `<name>.<method>` in `methods`. Each worker (the `uni` executor's, every
-/// `mp` worker process) does this for itself, from the configuration it was
-/// started with.
-pub fn register(config: &EngineConfig, methods: &mut WorkerMethods) -> anyhow::Result<()> {
-    methods.register_plugin_loading(&config.plugins)?;
-    let names = &config.worker.extension;
-    if names.is_empty() {
-        return Ok(());
-    }
-    let host = super::extension_host_from_config(&config.plugins)?;
-    for name in names {
-        let ext = host.worker_extension(name)?;
-        let exported = ext.methods().to_vec();
-        let shared = Arc::new(Mutex::new(ext));
-        for method in exported {
-            let ext = shared.clone();
-            let m = method.clone();
-            methods.register(format!("{name}.{method}"), move |worker, args| {
-                let mut ext = ext.lock().map_err(|_| {
-                    anyhow::anyhow!("a worker extension panicked on another thread")
-                })?;
-                call_on_worker(&mut ext, &m, worker, args)
-            })?;
-        }
-    }
-    Ok(())
-}
-
-/// One `collective_rpc` of an extension method on `worker`.
-fn call_on_worker(
-    ext: &mut WorkerExtension,
-    method: &str,
-    worker: &mut Worker,
-    args: RpcValue,
-) -> anyhow::Result<RpcValue> {
-    let args = match args {
-        RpcValue::Unit => "null".to_string(),
-        RpcValue::Json(json) => json,
-        other => anyhow::bail!(
-            "{}.{method} takes JSON arguments, got {}",
-            ext.name(),
-            other.kind()
-        ),
-    };
-    let lent = worker.lend_model()?;
-    let (result, lent) = ext.call(method, &args, lent);
-    worker.restore_model(lent);
-    Ok(RpcValue::Json(result?))
 }

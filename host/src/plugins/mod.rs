@@ -12,17 +12,19 @@
 //!   and kind checks, resolution by name ([`PluginHost`]).
 //! - [`instance`]: a long-lived `Store` per instance, recreated after a
 //!   fault.
-//! - [`policy`] / [`processor`]: the two kinds behind the scheduler's
-//!   policy seam and the worker's sampler.
+//! - [`policy`] / [`processor`]: the policy the scheduler puts behind its
+//!   seam, and the logits processors the worker's sampler calls.
 //! - [`sampler`]: the sampler plugin, choosing each sampled row's token
 //!   among the host's top-k candidates.
-//! - [`extension`]: worker extensions, their methods registered in the
-//!   worker's `collective_rpc` registry, and the host API they import.
+//! - [`extension`]: worker extensions and the host API they import, which
+//!   the worker implements and registers as `collective_rpc` methods.
 //! - `bindings`: every supported WIT version's bindings behind one type per
 //!   kind.
 //!
-//! Plugins are called from the scheduler and the worker, never the other
-//! way round; `docs/plugins.md` tells a plugin author how to write one.
+//! Plugins are called from the scheduler and the worker, and the plugin
+//! host imports neither: each kind takes plain values (the policy's
+//! columns, the worker extension's [`extension::HostApi`]) and its caller
+//! adapts them; `docs/plugins.md` tells a plugin author how to write one.
 
 mod bindings;
 mod cache;
@@ -143,39 +145,6 @@ pub fn runtime_from_config(config: &PluginsConfig) -> Result<Arc<PluginRuntime>,
     PluginRuntime::new(limits, cache_dir(config), grants)
         .map(Arc::new)
         .map_err(PluginError::Config)
-}
-
-/// The scheduling policy `name` (`scheduler.policy`) picks. `auto` is the
-/// one scheduling-policy plugin among `plugins.paths` (what `--plugin`
-/// adds), so `host --plugin sched.wasm` serves with it, and `builtin:fcfs`
-/// when there is none; two are ambiguous. The WebAssembly engine starts only
-/// when plugins are configured.
-pub fn scheduling_policy(
-    name: &str,
-    config: &PluginsConfig,
-) -> anyhow::Result<Box<dyn crate::scheduler::SchedulingPolicy>> {
-    if config.paths.is_empty() && config.dirs.is_empty() {
-        let name = if name == "auto" { "builtin:fcfs" } else { name };
-        return Ok(crate::scheduler::builtin_policy(name)?);
-    }
-    let host = host_from_config(config)?;
-    if name != "auto" {
-        return Ok(host.scheduling_policy(name)?);
-    }
-    let given: Vec<&str> = host
-        .plugins()
-        .filter(|p| p.kind == PluginKind::SchedulingPolicy && config.paths.contains(&p.path))
-        .map(|p| p.name.as_str())
-        .collect();
-    Ok(match given.as_slice() {
-        [] => host.scheduling_policy("builtin:fcfs")?,
-        [one] => host.scheduling_policy(one)?,
-        many => anyhow::bail!(PluginError::Config(format!(
-            "scheduler.policy = \"auto\", but plugins.paths holds {} scheduling policies ({}); set scheduler.policy to one of them",
-            many.len(),
-            many.join(", ")
-        ))),
-    })
 }
 
 /// The plugins the `[plugins]` settings make known, under the worker

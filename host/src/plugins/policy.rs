@@ -1,13 +1,13 @@
-//! A scheduling-policy plugin behind the scheduler's [`SchedulingPolicy`]
-//! seam. The views are copied into reused column buffers (no allocation in
-//! steady state) and cross as parallel lists; the answer is checked here so
-//! the log names the plugin and what was wrong. On a fault this step uses
-//! FCFS (the built-in fallback) and the instance is recreated; under
+//! A scheduling-policy plugin. The scheduler puts it behind its
+//! `SchedulingPolicy` seam (`scheduler/policy_plugin.rs`); the plugin host
+//! knows nothing of the scheduler and takes the queue and the batch as
+//! plain columns. They are copied into reused column buffers (no allocation
+//! in steady state) and cross as parallel lists; the answer is checked here
+//! so the log names the plugin and what was wrong. On a fault this step
+//! uses FCFS (the built-in fallback) and the instance is recreated; under
 //! `plugins.on_error = "fail"` the fault is also kept as the policy's
-//! [`failure`](SchedulingPolicy::failure), and the engine core stops with it
+//! [`failure`](WasmPolicy::failure), and the engine core stops with it
 //! rather than run on with a policy the operator chose not to tolerate.
-
-use crate::scheduler::policy::{RunningView, SchedulingPolicy, WaitingView};
 
 use super::bindings::policy::{RunningBatch, SchedulingPolicyPlugin, WaitingQueue};
 use super::instance::Sandboxed;
@@ -74,12 +74,42 @@ fn refill<T: Copy>(dst: &mut Vec<T>, src: &[T]) {
     dst.extend_from_slice(src);
 }
 
-impl SchedulingPolicy for WasmPolicy {
-    fn name(&self) -> &str {
+/// The waiting queue as columns (position `i` in each is one request, in
+/// arrival order).
+#[derive(Debug, Clone, Copy)]
+pub struct WaitingColumns<'a> {
+    /// Request handles.
+    pub ids: &'a [u32],
+    /// Prompt lengths in tokens.
+    pub prompt_lens: &'a [u32],
+    /// Priorities (lower value = served first).
+    pub priorities: &'a [i32],
+    /// Arrival times in the engine's seconds.
+    pub arrival_times: &'a [f64],
+}
+
+/// The running batch as columns, earliest admitted first.
+#[derive(Debug, Clone, Copy)]
+pub struct RunningColumns<'a> {
+    /// Request handles.
+    pub ids: &'a [u32],
+    /// Priorities (lower value = more important).
+    pub priorities: &'a [i32],
+    /// Arrival times in the engine's seconds.
+    pub arrival_times: &'a [f64],
+    /// Tokens already computed (what preempting would throw away).
+    pub num_computed_tokens: &'a [u32],
+}
+
+impl WasmPolicy {
+    /// The plugin's qualified name.
+    pub fn name(&self) -> &str {
         self.plugin.name()
     }
 
-    fn order_waiting(&mut self, view: &WaitingView<'_>, out: &mut Vec<u32>) {
+    /// Writes into `out` the positions of `view` to admit, in the plugin's
+    /// order; a fault or an invalid answer writes FCFS order instead.
+    pub fn order_waiting(&mut self, view: WaitingColumns<'_>, out: &mut Vec<u32>) {
         let q = &mut self.waiting;
         refill(&mut q.ids, view.ids);
         refill(&mut q.prompt_lens, view.prompt_lens);
@@ -94,11 +124,11 @@ impl SchedulingPolicy for WasmPolicy {
             Ok(order) => order,
             Err(e) => {
                 self.faulted(e);
-                out.extend(0..view.len() as u32);
+                out.extend(0..view.ids.len() as u32);
                 return;
             }
         };
-        let n = view.len();
+        let n = view.ids.len();
         self.seen.clear();
         self.seen.resize(n, false);
         let bad = order
@@ -118,7 +148,9 @@ impl SchedulingPolicy for WasmPolicy {
         out.extend_from_slice(&order);
     }
 
-    fn pick_victim(&mut self, view: &RunningView<'_>) -> Option<u32> {
+    /// The position in `view` of the request to preempt, or `None` for the
+    /// FCFS choice (also after a fault or an out-of-range answer).
+    pub fn pick_victim(&mut self, view: RunningColumns<'_>) -> Option<u32> {
         let r = &mut self.running;
         refill(&mut r.ids, view.ids);
         refill(&mut r.priorities, view.priorities);
@@ -128,9 +160,9 @@ impl SchedulingPolicy for WasmPolicy {
         match self.plugin.call("pick-victim", |w, s| {
             w.engine_plugins_scheduling_policy().call_pick_victim(s, r)
         }) {
-            Ok(Some(p)) if (p as usize) < view.len() => Some(p),
+            Ok(Some(p)) if (p as usize) < view.ids.len() => Some(p),
             Ok(Some(p)) => {
-                let n = view.len();
+                let n = view.ids.len();
                 let e = self.plugin.fault("pick-victim", format!("returned position {p}, out of range (batch of {n}); preempting the latest admitted"));
                 self.faulted(e);
                 None
@@ -143,7 +175,8 @@ impl SchedulingPolicy for WasmPolicy {
         }
     }
 
-    fn failure(&self) -> Option<&str> {
+    /// The fault the engine must stop on (`plugins.on_error = "fail"`).
+    pub fn failure(&self) -> Option<&str> {
         self.failure.as_deref()
     }
 }

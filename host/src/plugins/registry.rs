@@ -21,7 +21,6 @@ use super::processor::LogitsProcessors;
 use super::runtime::{describe_fault, PluginRuntime};
 use super::sampler::SamplerPlugin;
 use super::{OnError, PluginError, PluginKind};
-use crate::scheduler::policy::{builtin_policy, SchedulingPolicy, BUILTIN_POLICIES};
 
 /// The WIT package this host implements, and the versions it accepts.
 pub const WIT_PACKAGE: &str = "engine:plugins";
@@ -323,17 +322,14 @@ impl PluginHost {
         Ok((exports, kind, format!("{WIT_PACKAGE}@{version}")))
     }
 
-    /// Known names, of `kind` when given, built-in policies first.
+    /// Known plugins' names, of `kind` when given (the scheduler adds its
+    /// built-in policies to the list).
     pub fn names(&self, kind: Option<PluginKind>) -> String {
-        let builtins = match kind {
-            Some(PluginKind::SchedulingPolicy) | None => BUILTIN_POLICIES.to_vec(),
-            Some(_) => Vec::new(),
-        };
-        let plugins = self
+        let all: Vec<&str> = self
             .plugins()
             .filter(|p| kind.is_none_or(|k| p.kind == k))
-            .map(|p| p.name.as_str());
-        let all: Vec<&str> = builtins.into_iter().chain(plugins).collect();
+            .map(|p| p.name.as_str())
+            .collect();
         if all.is_empty() {
             "none (make plugins known with --plugin FILE.wasm or plugins.dirs)".into()
         } else {
@@ -387,18 +383,9 @@ impl PluginHost {
         Sandboxed::new(&info.name, self.options_of(name), self.runtime.clone(), pre)
     }
 
-    /// The scheduling policy named `name`: a built-in (`builtin:fcfs`,
-    /// `builtin:priority`, or vLLM's bare `fcfs` / `priority`) or a known
-    /// plugin, instantiated and initialised with its options.
-    pub fn scheduling_policy(&self, name: &str) -> Result<Box<dyn SchedulingPolicy>, PluginError> {
-        if let Ok(policy) = builtin_policy(name) {
-            return Ok(policy);
-        }
-        Ok(Box::new(self.wasm_policy(name)?))
-    }
-
-    /// The scheduling-policy plugin named `name`, as its concrete type
-    /// (fault counters for tests and benchmarks).
+    /// The scheduling-policy plugin named `name`, instantiated and
+    /// initialised with its options (the scheduler puts it behind its
+    /// `SchedulingPolicy` seam: `scheduler::policy_from_host`).
     pub fn wasm_policy(&self, name: &str) -> Result<WasmPolicy, PluginError> {
         let plugin = self.instantiate(
             "scheduler.policy",

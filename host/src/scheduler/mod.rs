@@ -16,6 +16,7 @@ pub mod config;
 pub mod error;
 pub mod output;
 pub mod policy;
+mod policy_plugin;
 pub mod request;
 mod schedule;
 mod update;
@@ -30,13 +31,15 @@ use std::sync::Arc;
 
 pub use config::SchedulerConfig;
 pub use error::SchedulerError;
-pub use output::{CachedRequestData, NewRequestData, NewTokens, RequestOutput, SchedulerOutput};
+pub use output::{NewTokens, RequestOutput};
 pub use policy::{
     builtin_policy, Fcfs, Priority, RunningView, SchedulingPolicy, WaitingView, BUILTIN_POLICIES,
 };
-pub use request::{FinishReason, ReqHandle, Request, RequestStatus};
+pub use policy_plugin::{policy_from_config, policy_from_host};
+pub use request::{FinishReason, Request, RequestStatus};
 
 use crate::kv_cache::{KVCacheManager, PrefixCacheStats};
+use crate::step::ReqHandle;
 
 /// Counters and gauges for logging and the metrics endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]

@@ -17,6 +17,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::sampling::SamplingParams;
+use crate::step::SchedulerOutput;
 
 const EOS: u32 = 2;
 const VOCAB: u64 = 16;

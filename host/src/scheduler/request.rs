@@ -5,23 +5,6 @@ use std::sync::Arc;
 use crate::kv_cache::RequestBlocks;
 use crate::sampling::SamplingParams;
 
-/// The scheduler's compact handle for a live request: an index into its
-/// request slots. Handles are what the worker keys its persistent batch by.
-/// A handle is reused for a later request only after the scheduler output
-/// that reported its request finished, so one output never names a handle
-/// both as finished and as a new request.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
-pub struct ReqHandle(pub u32);
-
-impl ReqHandle {
-    /// The slot index.
-    pub fn index(self) -> usize {
-        self.0 as usize
-    }
-}
-
 /// Why a request stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum FinishReason {

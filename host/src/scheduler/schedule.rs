@@ -1,11 +1,11 @@
 //! `Scheduler::schedule`: one step's token budget handed out to running
 //! requests, then to waiting ones, with preemption by recompute.
 
-use super::output::{NewRequestData, SchedulerOutput};
 use super::policy::{is_valid_order, RunningView, WaitingView};
-use super::request::{ReqHandle, Request, RequestStatus};
+use super::request::{Request, RequestStatus};
 use super::{Kind, Scheduled, Scheduler};
 use crate::kv_cache::ComputedBlocks;
+use crate::step::{NewRequestData, ReqHandle, SchedulerOutput};
 
 /// The live request behind a queued or running handle.
 fn req_mut(slots: &mut [Option<Request>], h: ReqHandle) -> &mut Request {

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::sampling::SamplingParams;
+use crate::step::SchedulerOutput;
 
 const EOS: u32 = 2;
 

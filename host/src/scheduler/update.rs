@@ -1,9 +1,10 @@
 //! `Scheduler::update_from_output`: sampled tokens in, per-request outputs
 //! and finishes out.
 
-use super::output::{NewTokens, RequestOutput, SchedulerOutput};
-use super::request::{FinishReason, ReqHandle, Request, RequestStatus};
+use super::output::{NewTokens, RequestOutput};
+use super::request::{FinishReason, Request, RequestStatus};
 use super::Scheduler;
+use crate::step::{ReqHandle, SchedulerOutput};
 
 /// Why `req` must stop after its newest token `t`, if it must. Stop tokens
 /// count only once `min_tokens` outputs exist; a stop token wins over the

@@ -18,8 +18,9 @@ use super::params;
 use super::protocol::{ChatCompletionRequest, SamplingRequest, Usage};
 use super::sse::{self, ChunkFormat};
 use super::AppState;
-use crate::engine::{Delta, Logprobs};
+use crate::engine::Delta;
 use crate::sampling::MAX_LOGPROBS;
+use crate::step::Logprobs;
 
 /// The handler; an error becomes its OpenAI-style response.
 pub async fn create(

@@ -18,7 +18,8 @@ use super::params::{self, PromptInput};
 use super::protocol::{CompletionRequest, SamplingRequest, Usage};
 use super::sse::{self, ChunkFormat};
 use super::AppState;
-use crate::engine::{Delta, Logprobs};
+use crate::engine::Delta;
+use crate::step::Logprobs;
 use crate::tokenizer::Tokenizer;
 
 /// vLLM's and OpenAI's default `max_tokens` for completions.

@@ -12,10 +12,10 @@
 //! when it asked to be streamed (the stream's headers are not sent yet).
 
 use crate::engine::{
-    Delta, EngineCoreError, EngineCoreOutput, EngineCoreRequest, Finish, Logprobs, OutputStream,
-    RequestState,
+    Delta, EngineCoreError, EngineCoreOutput, EngineCoreRequest, Finish, OutputStream, RequestState,
 };
 use crate::sampling::SamplingParams;
+use crate::step::Logprobs;
 use crate::tokenizer::Tokenizer;
 
 use super::error::ApiError;

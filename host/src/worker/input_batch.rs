@@ -13,12 +13,11 @@ mod device_draw;
 #[cfg(test)]
 mod tests;
 
-use super::output::{Logprobs, ModelRunnerOutput};
 use crate::model_runner::{DeviceSampleRow, Logits, ModelInput, SeqInput};
 use crate::plugins::{LogitsProcessors, OnError, PluginError, Row, SamplerPlugin};
 use crate::sampling::rng::Xoshiro256StarStar;
 use crate::sampling::{PreparedRow, RequestSampler, SampledToken, SamplingParams};
-use crate::scheduler::{ReqHandle, SchedulerOutput};
+use crate::step::{Logprobs, ModelRunnerOutput, ReqHandle, SchedulerOutput};
 
 /// A scheduler output that does not fit the worker's state: a protocol bug
 /// between the scheduler and the worker, reported instead of panicking.

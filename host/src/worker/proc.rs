@@ -23,11 +23,11 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use super::registry::WorkerMethods;
-use super::rpc::{RpcReply, RpcRequest};
 use super::{Worker, WorkerConfig, WorkerDevice};
 use crate::config::EngineConfig;
 use crate::distributed::{AllReduceGroup, AllReduceHandle};
 use crate::message_queue::{Handle, MessageQueue, QueueConfig, QueueError};
+use crate::step::{RpcReply, RpcRequest};
 
 /// What the parent sends a worker process on its stdin.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -180,7 +180,7 @@ fn start(boot: &Bootstrap) -> anyhow::Result<(Worker, MessageQueue, MessageQueue
         "worker process ready"
     );
     let mut methods = WorkerMethods::builtin();
-    crate::plugins::extension::register(&config, &mut methods)?;
+    methods.register_extensions(&config)?;
     Ok((worker, rpc, response, methods))
 }
 
@@ -243,7 +243,7 @@ pub(crate) fn watch_death_pipe() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::worker::RpcValue;
+    use crate::step::RpcValue;
 
     const WAIT: Option<Duration> = Some(Duration::from_secs(10));
 

@@ -18,9 +18,9 @@
 
 use std::collections::HashMap;
 
-use super::rpc::RpcValue;
 use super::Worker;
 use crate::config::PluginsConfig;
+use crate::step::RpcValue;
 
 /// A method's body: runs on the worker with the call's argument.
 pub type Handler = Box<dyn Fn(&mut Worker, RpcValue) -> anyhow::Result<RpcValue> + Send + Sync>;

@@ -12,7 +12,8 @@
 //! when it puts the workers to sleep.
 
 use super::registry::Handler;
-use super::{host_api, RpcValue, Worker, WorkerError};
+use super::{host_api, Worker, WorkerError};
+use crate::step::RpcValue;
 
 /// How deeply a worker sleeps (vLLM's `sleep(level)`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -58,8 +58,8 @@ fn the_cpu_worker_samples_on_the_host_even_when_every_row_is_device_eligible() {
     w.initialize_from_config(8).unwrap();
     let prompt = vec![1u32, 504, 3458, 282];
     let so = SchedulerOutput {
-        scheduled_new_reqs: vec![crate::scheduler::NewRequestData {
-            handle: crate::scheduler::ReqHandle(0),
+        scheduled_new_reqs: vec![crate::step::NewRequestData {
+            handle: crate::step::ReqHandle(0),
             request_id: "r0".into(),
             prompt_token_ids: prompt.clone(),
             // Greedy, no logprobs: a row the device sampler could take.
@@ -70,7 +70,7 @@ fn the_cpu_worker_samples_on_the_host_even_when_every_row_is_device_eligible() {
             block_ids: vec![0],
             num_computed_tokens: 0,
         }],
-        num_scheduled_tokens: vec![(crate::scheduler::ReqHandle(0), prompt.len() as u32)],
+        num_scheduled_tokens: vec![(crate::step::ReqHandle(0), prompt.len() as u32)],
         ..SchedulerOutput::default()
     };
     // The CPU runner does not sample on a device.
@@ -92,7 +92,7 @@ fn the_cpu_worker_samples_on_the_host_even_when_every_row_is_device_eligible() {
     };
     let want = crate::sampling::select::argmax(&logits.data[..logits.vocab_size]) as u32;
     let out = w.sample_tokens().unwrap();
-    assert_eq!(out.sampled, vec![(crate::scheduler::ReqHandle(0), [want])]);
+    assert_eq!(out.sampled, vec![(crate::step::ReqHandle(0), [want])]);
 }
 
 #[test]

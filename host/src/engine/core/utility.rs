@@ -11,7 +11,7 @@
 use serde_json::Value;
 
 use super::EngineCore;
-use crate::worker::RpcValue;
+use crate::step::RpcValue;
 
 /// The methods [`EngineCore::call_utility`] knows.
 pub const UTILITY_METHODS: &[&str] = &[

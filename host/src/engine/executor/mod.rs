@@ -14,8 +14,7 @@ use thiserror::Error;
 
 use crate::config::{EngineConfig, EXECUTOR_BACKENDS};
 use crate::message_queue::QueueError;
-use crate::scheduler::SchedulerOutput;
-use crate::worker::{ModelRunnerOutput, RpcValue};
+use crate::step::{ModelRunnerOutput, RpcValue, SchedulerOutput};
 
 mod monitor;
 mod multiproc;
@@ -192,7 +191,7 @@ pub fn executor_for(
         "uni" => {
             let worker_config = crate::worker::proc::worker_config(config, eos_token_id)?;
             let mut executor = UniProcExecutor::start(worker_config)?;
-            crate::plugins::extension::register(config, executor.methods_mut())?;
+            executor.methods_mut().register_extensions(config)?;
             Ok(Box::new(executor))
         }
         "mp" => {

@@ -24,8 +24,8 @@ use crate::config::EngineConfig;
 use crate::distributed::{AllReduceOwner, DEFAULT_SLOT_FLOATS};
 use crate::message_queue::{Handle, MessageQueue, QueueConfig, QueueError};
 use crate::sampling::rng::Xoshiro256StarStar;
+use crate::step::{RpcRequest, RpcValue};
 use crate::worker::proc::{Bootstrap, ReadyMessage};
-use crate::worker::{RpcRequest, RpcValue};
 
 /// Worker processes driven over shared-memory queues.
 pub struct MultiprocExecutor {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use super::monitor::{WorkerSet, POLL_INTERVAL};
 use super::ExecutorError;
 use crate::message_queue::{MessageQueue, QueueError};
-use crate::worker::{RpcReply, RpcValue};
+use crate::step::{RpcReply, RpcValue};
 
 /// The result of a `collective_rpc`: resolved already, or to be read from
 /// the workers' response queues in call order.

@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use super::{check_rank, Executor, ExecutorError, RpcFuture};
-use crate::worker::{RpcValue, Worker, WorkerConfig, WorkerError, WorkerMethods};
+use crate::step::RpcValue;
+use crate::worker::{Worker, WorkerConfig, WorkerError, WorkerMethods};
 
 /// The worker in the engine's process.
 pub struct UniProcExecutor {

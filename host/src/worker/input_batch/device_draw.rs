@@ -44,7 +44,7 @@ mod tests {
     use crate::model_runner::{Logits, ModelInput};
     use crate::sampling::rng::Xoshiro256StarStar;
     use crate::sampling::{RequestSampler, SamplingParams};
-    use crate::scheduler::{NewRequestData, ReqHandle, SchedulerOutput};
+    use crate::step::{NewRequestData, ReqHandle, SchedulerOutput};
 
     const VOCAB: usize = 500;
     const PROMPT: usize = 6;

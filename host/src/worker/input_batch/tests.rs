@@ -3,7 +3,7 @@
 //! tokens as the host sampler would.
 
 use super::*;
-use crate::scheduler::{CachedRequestData, NewRequestData};
+use crate::step::{CachedRequestData, NewRequestData};
 
 fn new_req(h: u32, prompt_len: usize, params: SamplingParams) -> NewRequestData {
     NewRequestData {

@@ -14,8 +14,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::ModelRunnerOutput;
-use crate::scheduler::SchedulerOutput;
+use super::{ModelRunnerOutput, SchedulerOutput};
 
 /// An argument or result of a worker method.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::scheduler::ReqHandle;
+use super::ReqHandle;
 
 /// The sampled token's logprob and the most likely alternatives, under the
 /// raw model output (vLLM's `raw_logprobs`).
