@@ -13,13 +13,9 @@
 //! `SchedulingPolicy` seam, which the plugin host implements) and the worker
 //! only. The executor lives in `engine/executor/`, so its edge to the worker
 //! is the engine's.
-//!
-//! [`EXCEPTIONS`] lists the imports that break that direction today, each
-//! with the part of issue 17 that removes it; they are allowed file by file
-//! so that no new file or module can add one. An exception that is no longer
-//! needed fails the test too, so the list only shrinks.
+//! There are no exceptions: an edge the table does not list is a design
+//! change, made in the table (and in docs/ARCHITECTURE.md) first.
 
-use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -121,14 +117,6 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("tokenizer", &["model"]),
 ];
 
-/// Imports that break the direction today: (file under host/src, module it
-/// imports, why, and what removes it).
-const EXCEPTIONS: &[(&str, &str, &str)] = &[
-    // config is not yet a leaf: `worker.cls = "gpu"` is refused at load
-    // time when no CUDA device is visible. Issue 17 part 2.
-    ("config.rs", "cuda", "part 2: config becomes a leaf"),
-];
-
 /// A `crate::` path found in a file.
 #[derive(Debug)]
 struct Import {
@@ -150,7 +138,6 @@ fn modules_import_only_what_the_layering_allows() {
     );
 
     let mut violations = Vec::new();
-    let mut used_exceptions = BTreeSet::new();
     for path in &files {
         let rel = path
             .strip_prefix(&src)
@@ -170,24 +157,9 @@ fn modules_import_only_what_the_layering_allows() {
             if import.module == module || allowed.contains(&import.module.as_str()) {
                 continue;
             }
-            if let Some(e) = EXCEPTIONS
-                .iter()
-                .find(|(f, m, _)| *f == rel && *m == import.module)
-            {
-                used_exceptions.insert((e.0, e.1));
-                continue;
-            }
             violations.push(format!(
                 "host/src/{rel}:{}: `{module}` must not import `{}`: {}",
                 import.line, import.module, import.text
-            ));
-        }
-    }
-    for (file, module, why) in EXCEPTIONS {
-        if !used_exceptions.contains(&(*file, *module)) {
-            violations.push(format!(
-                "EXCEPTIONS lists host/src/{file} → `{module}` ({why}), which no longer \
-                 happens: remove the entry"
             ));
         }
     }

@@ -84,16 +84,13 @@ pub fn build_engine_core(config: &EngineConfig) -> anyhow::Result<(EngineCore, T
     let policy = scheduling_policy(config)?;
     let scheduler = Scheduler::with_policy(
         SchedulerConfig {
-            max_num_seqs: u32::try_from(sched.max_num_seqs)?,
-            max_num_batched_tokens: u32::try_from(sched.max_num_batched_tokens)?,
-            max_model_len: u32::try_from(max_model_len)?,
-            long_prefill_token_threshold: u32::try_from(sched.long_prefill_token_threshold)?,
-            enable_chunked_prefill: sched.enable_chunked_prefill,
-            block_size: u32::try_from(config.cache.block_size)?,
-            num_blocks: u32::try_from(num_blocks)?,
-            enable_prefix_caching: config.cache.enable_prefix_caching,
             eos_token_id: tokenizer.eos_token_id(),
             policy: policy.name().to_string(),
+            ..SchedulerConfig::from_engine_config(
+                config,
+                max_model_len,
+                u32::try_from(num_blocks)?,
+            )?
         },
         policy,
     )?;

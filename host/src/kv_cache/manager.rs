@@ -137,21 +137,9 @@ impl KVCacheManager {
         })
     }
 
-    /// Uses `hasher` (e.g. one with a secret key) for block hashes. Call before
-    /// any request is added.
-    pub fn with_hasher(mut self, hasher: BlockHasher) -> Self {
-        self.hasher = hasher;
-        self
-    }
-
     /// Tokens per block.
     pub fn block_size(&self) -> usize {
         self.block_size
-    }
-
-    /// Whether prefix caching is on.
-    pub fn prefix_caching_enabled(&self) -> bool {
-        self.enable_prefix_caching
     }
 
     /// The underlying pool (read-only; for statistics and checks).

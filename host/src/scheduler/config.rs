@@ -1,9 +1,13 @@
 //! The scheduler's configuration (vLLM's `SchedulerConfig` plus the cache
-//! settings the scheduler needs).
+//! settings the scheduler needs), resolved from the operator's
+//! [`EngineConfig`]: its `[scheduler]` and `[cache]` sections, the model's
+//! context length and the KV blocks the workers could hold. The defaults
+//! live in `crate::config` alone.
 
 use serde::{Deserialize, Serialize};
 
 use super::SchedulerError;
+use crate::config::EngineConfig;
 
 /// Limits and switches for one scheduler.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -48,22 +52,48 @@ impl Default for SchedulerConfig {
 }
 
 impl SchedulerConfig {
-    /// vLLM's defaults for a cache of `num_blocks` blocks: 256 sequences,
-    /// 2048 batched tokens, 8192 context, chunked prefill and prefix caching
-    /// on, block size 16, FCFS.
+    /// The default configuration's scheduler (vLLM's defaults: 256
+    /// sequences, 2048 batched tokens, chunked prefill and prefix caching
+    /// on, block size 16) with an 8192-token context, FCFS and a cache of
+    /// `num_blocks` blocks.
     pub fn new(num_blocks: u32) -> Self {
-        Self {
-            max_num_seqs: 256,
-            max_num_batched_tokens: 2048,
-            max_model_len: 8192,
-            long_prefill_token_threshold: 0,
-            enable_chunked_prefill: true,
-            block_size: 16,
+        Self::from_engine_config(&EngineConfig::default(), 8192, num_blocks)
+            .expect("the default configuration's limits fit in u32")
+    }
+
+    /// The scheduler `config` describes, for a context of `max_model_len`
+    /// tokens and a cache of `num_blocks` blocks; the policy is
+    /// `builtin:fcfs` and no end-of-sequence token is set (the engine sets
+    /// both from what it loaded). A limit that does not fit in 32 bits is
+    /// an error naming it.
+    pub fn from_engine_config(
+        config: &EngineConfig,
+        max_model_len: usize,
+        num_blocks: u32,
+    ) -> Result<Self, SchedulerError> {
+        let narrow = |field: &'static str, value: usize| {
+            u32::try_from(value).map_err(|_| SchedulerError::InvalidConfig {
+                field,
+                value: value.to_string(),
+                reason: format!("must be at most {}", u32::MAX),
+            })
+        };
+        let (sched, cache) = (&config.scheduler, &config.cache);
+        Ok(Self {
+            max_num_seqs: narrow("max_num_seqs", sched.max_num_seqs)?,
+            max_num_batched_tokens: narrow("max_num_batched_tokens", sched.max_num_batched_tokens)?,
+            max_model_len: narrow("max_model_len", max_model_len)?,
+            long_prefill_token_threshold: narrow(
+                "long_prefill_token_threshold",
+                sched.long_prefill_token_threshold,
+            )?,
+            enable_chunked_prefill: sched.enable_chunked_prefill,
+            block_size: narrow("block_size", cache.block_size)?,
             num_blocks,
-            enable_prefix_caching: true,
+            enable_prefix_caching: cache.enable_prefix_caching,
             eos_token_id: None,
             policy: "builtin:fcfs".to_string(),
-        }
+        })
     }
 
     /// Checks every limit; the error names the field and the fix.

@@ -315,11 +315,6 @@ impl Scheduler {
         self.slot_ids.get(handle.index()).map(|id| &**id)
     }
 
-    /// A live request's handle by id.
-    pub fn handle_of(&self, request_id: &str) -> Option<ReqHandle> {
-        self.ids.get(request_id).copied()
-    }
-
     /// Requests in the running batch.
     pub fn num_running(&self) -> usize {
         self.running.len()

@@ -103,13 +103,6 @@ impl Request {
         }
     }
 
-    /// Isolates this request's prefix-cache entries: only requests with the
-    /// same salt share cached blocks (vLLM's `cache_salt`).
-    pub fn with_cache_salt(mut self, salt: u64) -> Self {
-        self.kv = RequestBlocks::new(Some(salt));
-        self
-    }
-
     /// The caller's request id.
     pub fn request_id(&self) -> &str {
         &self.request_id

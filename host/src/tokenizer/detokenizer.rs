@@ -145,11 +145,6 @@ impl IncrementalDetokenizer {
         }
         &self.delta
     }
-
-    /// Whether bytes of an incomplete character are held back.
-    pub fn has_pending(&self) -> bool {
-        !self.pending.is_empty()
-    }
 }
 
 /// Appends the text of `bytes` to `out` up to a trailing incomplete

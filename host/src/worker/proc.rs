@@ -76,7 +76,7 @@ pub fn worker_config(
             0 => (default_threads() / config.parallel.tensor_parallel_size.max(1)).max(1),
             n => n,
         },
-        device: worker_device(&config.worker.cls, config.parallel.tensor_parallel_size),
+        device: worker_device(&config.worker.cls, config.parallel.tensor_parallel_size)?,
         kv_cache_memory_bytes: config
             .cache
             .kv_cache_memory_bytes
@@ -95,14 +95,18 @@ pub fn worker_config(
 
 /// The device `worker.cls` names: `auto` is the GPU when this host was
 /// built with CUDA, a GPU is visible and there is one rank (tensor
-/// parallelism runs on CPU workers), else the CPU. `gpu` was checked by
-/// the configuration's validation.
-pub fn worker_device(cls: &str, tensor_parallel_size: usize) -> WorkerDevice {
-    match cls {
+/// parallelism runs on CPU workers), else the CPU. `gpu` with no visible
+/// GPU is an error (the configuration's validation refused it in a build
+/// without CUDA).
+pub fn worker_device(cls: &str, tensor_parallel_size: usize) -> anyhow::Result<WorkerDevice> {
+    Ok(match cls {
+        "gpu" if !gpu_visible() => anyhow::bail!(
+            "worker.cls is `gpu` but no CUDA GPU is visible (no libcuda, or no device); use `auto` or `cpu`"
+        ),
         "gpu" => WorkerDevice::Gpu,
         "auto" if tensor_parallel_size <= 1 && gpu_visible() => WorkerDevice::Gpu,
         _ => WorkerDevice::Cpu,
-    }
+    })
 }
 
 /// Whether this build can drive a visible CUDA GPU.
@@ -261,22 +265,21 @@ mod tests {
 
     #[test]
     fn auto_picks_the_gpu_only_when_one_is_usable_and_there_is_one_rank() {
-        assert_eq!(worker_device("cpu", 1), WorkerDevice::Cpu);
-        assert_eq!(worker_device("gpu", 1), WorkerDevice::Gpu);
+        let device = |cls, tp| worker_device(cls, tp).map_err(|e| e.to_string());
+        assert_eq!(device("cpu", 1), Ok(WorkerDevice::Cpu));
         // Tensor parallelism runs on CPU workers, whatever the machine has.
-        assert_eq!(worker_device("auto", 3), WorkerDevice::Cpu);
-        let want = if gpu_visible() {
-            WorkerDevice::Gpu
+        assert_eq!(device("auto", 3), Ok(WorkerDevice::Cpu));
+        if gpu_visible() {
+            assert_eq!(device("gpu", 1), Ok(WorkerDevice::Gpu));
+            assert_eq!(device("auto", 1), Ok(WorkerDevice::Gpu));
         } else {
-            WorkerDevice::Cpu
-        };
-        assert_eq!(worker_device("auto", 1), want);
-        #[cfg(not(feature = "cuda"))]
-        assert_eq!(
-            worker_device("auto", 1),
-            WorkerDevice::Cpu,
-            "no CUDA build, no GPU worker"
-        );
+            let err = device("gpu", 1).unwrap_err();
+            assert!(
+                err.contains("worker.cls") && err.contains("no CUDA GPU"),
+                "{err}"
+            );
+            assert_eq!(device("auto", 1), Ok(WorkerDevice::Cpu));
+        }
     }
 
     #[test]
