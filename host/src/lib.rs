@@ -3,7 +3,7 @@
 //!
 //! The modules follow vLLM's nouns; see `docs/ARCHITECTURE.md` for the map.
 //! Dependency direction: cli → server → engine → {scheduler, kv_cache,
-//! executor} → worker → model runner → kernels, with `config`,
+//! executor} → worker → model runner → kernels, with `config`, `step`,
 //! `message_queue` and `sampling` as leaves; `host/tests/layering.rs`
 //! enforces it (the table of what each module may import is there).
 
