@@ -47,18 +47,9 @@ fn prompts(n: usize) -> Vec<String> {
 }
 
 fn run(llm: &mut Llm, texts: &[String], params: &SamplingParams) -> Vec<Vec<u32>> {
-    let requests: Vec<GenerateRequest> = texts
-        .iter()
-        .map(|t| GenerateRequest {
-            prompt: Prompt::Text(t.clone()),
-            params: params.clone(),
-            priority: 0,
-        })
-        .collect();
-    llm.generate(&requests, |_, _| {}, |_, _| {})
-        .expect("the engine runs")
+    e2e::generate_all(llm, texts, params)
         .into_iter()
-        .map(|r| r.expect("every request is admitted").token_ids)
+        .map(|c| c.token_ids)
         .collect()
 }
 

@@ -14,7 +14,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use host::config::EngineConfig;
-use host::engine::{Executor, ExecutorError, GenerateRequest, Llm, MultiprocExecutor, Prompt};
+use host::engine::{Executor, ExecutorError, Llm, MultiprocExecutor};
 use host::message_queue::shm_names;
 use host::sampling::SamplingParams;
 use host::step::RpcValue;
@@ -86,18 +86,9 @@ fn greedy_tokens(backend: &str, prompts: &[&str]) -> Vec<Vec<u32>> {
         ignore_eos: true,
         ..SamplingParams::default()
     };
-    let requests: Vec<GenerateRequest> = prompts
-        .iter()
-        .map(|p| GenerateRequest {
-            prompt: Prompt::Text(p.to_string()),
-            params: params.clone(),
-            priority: 0,
-        })
-        .collect();
-    llm.generate(&requests, |_, _| {}, |_, _| {})
-        .expect("the engine runs")
+    e2e::generate_all(&mut llm, prompts, &params)
         .into_iter()
-        .map(|r| r.expect("every request is admitted").token_ids)
+        .map(|c| c.token_ids)
         .collect()
 }
 

@@ -141,3 +141,27 @@ pub fn plugin(name: &str) -> PathBuf {
     assert!(path.is_file(), "{} was not built", path.display());
     path
 }
+
+/// Runs every prompt of `prompts` through `llm` with the same `params`
+/// (priority 0) in one `generate` call, and returns the completions in
+/// prompt order; panics if the engine fails or refuses a request.
+pub fn generate_all<S: AsRef<str>>(
+    llm: &mut host::engine::Llm,
+    prompts: &[S],
+    params: &host::sampling::SamplingParams,
+) -> Vec<host::engine::Completion> {
+    use host::engine::{GenerateRequest, Prompt};
+    let requests: Vec<GenerateRequest> = prompts
+        .iter()
+        .map(|p| GenerateRequest {
+            prompt: Prompt::Text(p.as_ref().to_string()),
+            params: params.clone(),
+            priority: 0,
+        })
+        .collect();
+    llm.generate(&requests, |_, _| {}, |_, _| {})
+        .expect("the engine runs")
+        .into_iter()
+        .map(|r| r.expect("every request is admitted"))
+        .collect()
+}

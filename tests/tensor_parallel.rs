@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use host::config::EngineConfig;
 use host::distributed::{AllReduceGroup, AllReduceOwner, DEFAULT_SLOT_FLOATS};
-use host::engine::{Completion, GenerateRequest, Llm, Prompt};
+use host::engine::{Completion, Llm};
 use host::kernels::{MatmulPath, ThreadPool};
 use host::model::{LoadFormat, ModelWeights};
 use host::model_runner::{CpuModelRunner, ModelInput, RunnerConfig};
@@ -54,19 +54,7 @@ fn greedy(config: &EngineConfig, prompts: &[&str], max_tokens: u32) -> Vec<Compl
         logprobs: Some(2),
         ..SamplingParams::default()
     };
-    let requests: Vec<GenerateRequest> = prompts
-        .iter()
-        .map(|p| GenerateRequest {
-            prompt: Prompt::Text(p.to_string()),
-            params: params.clone(),
-            priority: 0,
-        })
-        .collect();
-    llm.generate(&requests, |_, _| {}, |_, _| {})
-        .expect("the engine runs")
-        .into_iter()
-        .map(|r| r.expect("every request is admitted"))
-        .collect()
+    e2e::generate_all(&mut llm, prompts, &params)
 }
 
 /// A gap between the two most likely tokens (in nats) below which a greedy
