@@ -32,6 +32,15 @@ python3 -m pip install --quiet --disable-pip-version-check -r plugins/python/req
 bash plugins/python/longest-prompt-first/build.sh
 python3 plugins/python/longest-prompt-first/test_app.py
 
+# The browser test (tests/server_web.rs): Debian's chromium and its driver
+# (no browser download), driven by selenium.
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+    sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+    $sudo apt-get update -qq
+    $sudo apt-get install -y -qq --no-install-recommends chromium chromium-driver
+fi
+python3 -m pip install --quiet --disable-pip-version-check -r tests/browser/requirements.txt
+
 cargo test --workspace --all-targets
 
 # The CUDA runner's CPU-verifiable parts (`--features cuda`): every kernel

@@ -383,6 +383,13 @@ pub struct ServerConfig {
     /// Origins answered with CORS headers (`["*"]` for any); empty (the
     /// default) sends none, so browsers keep other sites out.
     pub cors_allowed_origins: Vec<String>,
+    /// Most `/v1/responses` answers kept in memory for `GET`,
+    /// `previous_response_id` and cancel; the oldest is evicted past it
+    /// (0 stores none).
+    pub max_stored_responses: usize,
+    /// Most bytes of text (conversations and answers) the stored responses
+    /// hold together; the oldest are evicted past it.
+    pub max_stored_response_bytes: usize,
 }
 
 impl Default for ServerConfig {
@@ -412,6 +419,8 @@ impl Default for ServerConfig {
             idle_connection_timeout_s: 60.0,
             allowed_hosts: Vec::new(),
             cors_allowed_origins: Vec::new(),
+            max_stored_responses: 1000,
+            max_stored_response_bytes: 64 << 20,
         }
     }
 }

@@ -24,12 +24,14 @@ use std::path::{Path, PathBuf};
 const ALLOWED: &[(&str, &[&str])] = &[
     // The binary's commands: the top of the graph. `bench` drives the model
     // runner directly, `plugin` inspects plugins, `worker` starts the worker
-    // process.
+    // process, `serve` lists the plugins in use (the built-in policies are
+    // the scheduler's).
     (
         "cli",
         &[
             "server",
             "engine",
+            "scheduler",
             "worker",
             "model_runner",
             "plugins",

@@ -7,6 +7,7 @@ mod bench;
 mod bench_throughput;
 mod generate;
 mod plugin;
+mod plugins_in_use;
 mod sampling_args;
 mod serve;
 

@@ -39,5 +39,6 @@ impl ServeArgs {
 
 /// Serves until SIGTERM / Ctrl-C, or fails when the engine dies.
 pub fn run(config: &EngineConfig) -> anyhow::Result<()> {
-    crate::server::serve(config)
+    let plugins = super::plugins_in_use::describe(config)?;
+    crate::server::serve(config, plugins)
 }

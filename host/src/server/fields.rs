@@ -22,10 +22,10 @@ pub enum Endpoint {
 
 /// Whether a field's value asks for nothing, so that a field this server
 /// does not implement may still be sent at it.
-type Neutral = fn(&Value) -> bool;
+pub(super) type Neutral = fn(&Value) -> bool;
 
 /// `null`, `false`, `""`, `[]` or `{}`: the field is not used.
-fn unset(v: &Value) -> bool {
+pub(super) fn unset(v: &Value) -> bool {
     match v {
         Value::Null | Value::Bool(false) => true,
         Value::String(s) => s.is_empty(),
@@ -57,7 +57,7 @@ fn text_modalities(v: &Value) -> bool {
 
 /// `null`, `"none"` or `"auto"`: no tool call is forced, and with `tools`
 /// refused there is none the model could choose.
-fn no_forced_call(v: &Value) -> bool {
+pub(super) fn no_forced_call(v: &Value) -> bool {
     v.is_null() || matches!(v.as_str(), Some("none" | "auto"))
 }
 
@@ -193,28 +193,78 @@ pub fn check_fields(body: &Value, endpoint: Endpoint) -> Result<(), ApiError> {
         ));
     }
     if endpoint == Endpoint::Chat {
-        for (i, m) in messages_of(body).enumerate() {
-            for (field, why) in UNSUPPORTED_IN_MESSAGE {
-                if m.get(*field).is_some_and(|v| !unset(v)) {
-                    return Err(ApiError::field(&format!("messages[{i}].{field}"), why));
-                }
+        check_message_fields(body)?;
+    }
+    let (names, count) = ignored_fields(body, endpoint);
+    warn_ignored(&names, count);
+    Ok(())
+}
+
+/// The message fields of a chat body (`messages[i].name`, ...) this server
+/// does not implement are refused unless unset.
+pub(super) fn check_message_fields(body: &Value) -> Result<(), ApiError> {
+    for (i, m) in messages_of(body).enumerate() {
+        for (field, why) in UNSUPPORTED_IN_MESSAGE {
+            if m.get(*field).is_some_and(|v| !unset(v)) {
+                return Err(ApiError::field(&format!("messages[{i}].{field}"), why));
             }
         }
     }
-    let (names, count) = ignored_fields(body, endpoint);
-    if count > 0 {
-        let more = count - names.len();
-        let more = if more > 0 {
-            format!(" and {more} more")
-        } else {
-            String::new()
-        };
-        tracing::warn!(
-            "The following fields were present in the request but ignored: {}{more}",
-            names.join(", ")
-        );
-    }
     Ok(())
+}
+
+/// A field an endpoint does not implement: its name, its neutral values,
+/// and why it is refused otherwise.
+pub(super) type Unsupported = (&'static str, Neutral, &'static str);
+
+/// The same rules for the endpoints beyond the two generation ones
+/// (`/tokenize`, `/v1/responses`, ...): the `unsupported` fields are refused
+/// unless neutral, `known` ones (honoured, or harmless) pass, and any other
+/// is ignored and named in a warning in the log.
+pub(super) fn check_endpoint_fields(
+    body: &Value,
+    known: &[&str],
+    unsupported: &[Unsupported],
+) -> Result<(), ApiError> {
+    for (field, neutral, why) in unsupported {
+        if body.get(*field).is_some_and(|v| !neutral(v)) {
+            return Err(ApiError::field(field, why));
+        }
+    }
+    let mut names = Vec::new();
+    let mut count = 0;
+    let unknown = body
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, _)| k.as_str())
+        .filter(|k| !known.contains(k) && !unsupported.iter().any(|(f, ..)| f == k));
+    for name in unknown {
+        if names.len() < IGNORED_LOGGED {
+            names.push(name.chars().take(IGNORED_NAME_CHARS).collect());
+        }
+        count += 1;
+    }
+    warn_ignored(&names, count);
+    Ok(())
+}
+
+/// The log line naming the ignored fields (at most [`IGNORED_LOGGED`] of
+/// `count`).
+fn warn_ignored(names: &[String], count: usize) {
+    if count == 0 {
+        return;
+    }
+    let more = count - names.len();
+    let more = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    tracing::warn!(
+        "The following fields were present in the request but ignored: {}{more}",
+        names.join(", ")
+    );
 }
 
 /// The body's messages that are objects (others are refused by the typed
@@ -272,7 +322,7 @@ fn ignored_fields(body: &Value, endpoint: Endpoint) -> (Vec<String>, usize) {
 /// The JSON field names a derived `Deserialize` struct reads, as
 /// `serde_derive` hands them to `deserialize_struct`: the structs in
 /// `protocol` are the one list of the fields this server honours.
-fn field_names<T: DeserializeOwned>() -> &'static [&'static str] {
+pub(super) fn field_names<T: DeserializeOwned>() -> &'static [&'static str] {
     use serde::de::{Error, Visitor};
     struct Probe(&'static [&'static str]);
     impl<'de> serde::Deserializer<'de> for &mut Probe {

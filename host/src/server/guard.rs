@@ -269,7 +269,7 @@ pub async fn cors(State(policy): State<Arc<CorsPolicy>>, req: Request, next: Nex
         h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, allowed);
         h.insert(
             header::ACCESS_CONTROL_ALLOW_METHODS,
-            HeaderValue::from_static("GET, POST, OPTIONS"),
+            HeaderValue::from_static("GET, POST, DELETE, OPTIONS"),
         );
         h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, requested);
         h.insert(

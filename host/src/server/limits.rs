@@ -15,7 +15,13 @@ use crate::config::ServerConfig;
 
 /// 400 unless `value <= limit`, naming the field, both numbers and the
 /// `[server]` key that sets the limit.
-fn at_most(field: &str, value: u64, unit: &str, limit: usize, key: &str) -> Result<(), ApiError> {
+pub fn at_most(
+    field: &str,
+    value: u64,
+    unit: &str,
+    limit: usize,
+    key: &str,
+) -> Result<(), ApiError> {
     if value <= limit as u64 {
         return Ok(());
     }
@@ -74,6 +80,13 @@ pub fn check_completion(
 /// content parts (both bounded by `server.max_messages`: a part costs what
 /// a message does), the text's bytes, then the sampling fields'.
 pub fn check_chat(body: &Value, config: &ServerConfig) -> Result<(), ApiError> {
+    check_messages(body, config)?;
+    check_sampling(body, config)
+}
+
+/// The bounds of a body's chat `messages` alone (chat completions and
+/// `/tokenize`): their number, their content parts', their text's bytes.
+pub fn check_messages(body: &Value, config: &ServerConfig) -> Result<(), ApiError> {
     if let Some(messages) = body.get("messages").and_then(Value::as_array) {
         let limit = config.max_messages;
         at_most(
@@ -108,11 +121,12 @@ pub fn check_chat(body: &Value, config: &ServerConfig) -> Result<(), ApiError> {
         }
         prompt_bytes("messages", bytes, config)?;
     }
-    check_sampling(body, config)
+    Ok(())
 }
 
-/// Prompt text is bounded in bytes before it is tokenized.
-fn prompt_bytes(field: &str, bytes: u64, config: &ServerConfig) -> Result<(), ApiError> {
+/// Prompt text is bounded in bytes (`server.max_prompt_bytes`) before it
+/// is tokenized.
+pub fn prompt_bytes(field: &str, bytes: u64, config: &ServerConfig) -> Result<(), ApiError> {
     at_most(
         field,
         bytes,
@@ -205,7 +219,7 @@ pub fn check_sampling(body: &Value, config: &ServerConfig) -> Result<(), ApiErro
 }
 
 /// Bytes of `value` as compact JSON, counted without building the text.
-fn json_len(value: &Value) -> u64 {
+pub fn json_len(value: &Value) -> u64 {
     struct Count(u64);
     impl std::io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {

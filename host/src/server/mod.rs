@@ -12,7 +12,10 @@
 //! HTTP request), `admission` (the cap on waiting engine requests), `sse`
 //! (streaming), `metrics` (Prometheus), `auth` (`--api-key`), `guard`
 //! (`Host`, `Content-Type`, CORS), `routes` (router and small endpoints),
-//! `listener` (accept loop, connection cap, timeouts), `error`.
+//! `listener` (accept loop, connection cap, timeouts), `error`;
+//! `tokenize` (`/tokenize`, `/detokenize`), `responses` (`/v1/responses`
+//! and its in-memory store), `plugins` (`/v1/plugins`), `web` (the
+//! playground page at `/`).
 
 mod admin;
 mod admission;
@@ -27,9 +30,13 @@ mod limits;
 mod listener;
 mod metrics;
 mod params;
+mod plugins;
 pub mod protocol;
+mod responses;
 mod routes;
 mod sse;
+mod tokenize;
+mod web;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -64,6 +71,12 @@ pub struct AppState {
     pub metrics: Metrics,
     /// The id clients send as `model`.
     pub model_name: String,
+    /// Where the model was loaded from (`/v1/models`' `root`).
+    pub model_root: String,
+    /// The plugins the configuration names, as `/v1/plugins` lists them.
+    pub plugins: serde_json::Value,
+    /// Stored `/v1/responses` answers.
+    pub responses: responses::Store,
     /// `[server]`.
     pub config: ServerConfig,
     /// Unix time the server started (`/v1/models`' `created`).
@@ -77,13 +90,24 @@ pub struct AppState {
 
 impl AppState {
     /// Shared state over a started engine.
-    pub fn new(client: EngineCoreClient, tokenizer: Tokenizer, config: &EngineConfig) -> AppState {
+    pub fn new(
+        client: EngineCoreClient,
+        tokenizer: Tokenizer,
+        config: &EngineConfig,
+        plugins: serde_json::Value,
+    ) -> AppState {
         let model_name = served_model_name(config);
         AppState {
             client,
             tokenizer,
             metrics: Metrics::new(&model_name),
             model_name,
+            model_root: config.model.path.display().to_string(),
+            plugins,
+            responses: responses::Store::new(
+                config.server.max_stored_responses,
+                config.server.max_stored_response_bytes,
+            ),
             config: config.server.clone(),
             created: unix_now(),
             shutting_down: AtomicBool::new(false),
@@ -170,16 +194,16 @@ fn unix_now() -> u64 {
 
 /// Starts the engine, then serves until SIGTERM / Ctrl-C (exit 0) or until
 /// the engine dies (an error, so the process exits non-zero).
-pub fn serve(config: &EngineConfig) -> anyhow::Result<()> {
+pub fn serve(config: &EngineConfig, plugins: serde_json::Value) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("http")
         .build()
         .context("starting the HTTP server's runtime")?;
-    runtime.block_on(run(config))
+    runtime.block_on(run(config, plugins))
 }
 
-async fn run(config: &EngineConfig) -> anyhow::Result<()> {
+async fn run(config: &EngineConfig, plugins: serde_json::Value) -> anyhow::Result<()> {
     let addr = format!("{}:{}", config.server.host, config.server.port);
     // Bind first: a taken port should fail before a slow model load.
     let listener = tokio::net::TcpListener::bind(&addr)
@@ -195,7 +219,7 @@ async fn run(config: &EngineConfig) -> anyhow::Result<()> {
     })
     .await
     .context("the engine start-up panicked")??;
-    let app = Arc::new(AppState::new(client.clone(), tokenizer, config));
+    let app = Arc::new(AppState::new(client.clone(), tokenizer, config, plugins));
     let local = listener.local_addr()?;
     // Tests and scripts wait for this line.
     println!(

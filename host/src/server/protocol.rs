@@ -212,6 +212,63 @@ pub struct ModelCard {
     pub created: u64,
     /// Who serves it.
     pub owned_by: &'static str,
+    /// The model it was loaded from (its path), as vLLM reports it.
+    pub root: String,
+    /// The model it derives from; `null` (no adapters here).
+    pub parent: Option<String>,
+    /// The longest sequence (prompt + output) served, in tokens.
+    pub max_model_len: usize,
+    /// What clients may do with it (vLLM's one permission object).
+    pub permission: Vec<ModelPermission>,
+}
+
+/// vLLM's `ModelPermission`: what clients may do with a model.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModelPermission {
+    /// `modelperm-<model id>`.
+    pub id: String,
+    /// Always `model_permission`.
+    pub object: &'static str,
+    /// Unix time the server started.
+    pub created: u64,
+    /// Always false.
+    pub allow_create_engine: bool,
+    /// Always true.
+    pub allow_sampling: bool,
+    /// Always true.
+    pub allow_logprobs: bool,
+    /// Always false.
+    pub allow_search_indices: bool,
+    /// Always true.
+    pub allow_view: bool,
+    /// Always false.
+    pub allow_fine_tuning: bool,
+    /// Always `*`.
+    pub organization: &'static str,
+    /// Always `null`.
+    pub group: Option<String>,
+    /// Always false.
+    pub is_blocking: bool,
+}
+
+impl ModelPermission {
+    /// The permissions vLLM reports for every model it serves.
+    pub fn for_model(id: &str, created: u64) -> ModelPermission {
+        ModelPermission {
+            id: format!("modelperm-{id}"),
+            object: "model_permission",
+            created,
+            allow_create_engine: false,
+            allow_sampling: true,
+            allow_logprobs: true,
+            allow_search_indices: false,
+            allow_view: true,
+            allow_fine_tuning: false,
+            organization: "*",
+            group: None,
+            is_blocking: false,
+        }
+    }
 }
 
 /// `/v1/models`.

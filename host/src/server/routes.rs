@@ -1,5 +1,6 @@
-//! The router and the small endpoints: `/health`, `/metrics`, `/v1/models`;
-//! the opt-in development endpoints are in `admin.rs`.
+//! The router and the small endpoints: `/health`, `/metrics`, `/v1/models`,
+//! `/version`; the opt-in development endpoints are in `admin.rs`, the
+//! web page at `/` in `web.rs`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,8 +12,8 @@ use axum::routing::{get, post};
 use axum::{middleware, Json, Router};
 
 use super::error::ApiError;
-use super::protocol::{ModelCard, ModelList};
-use super::{admin, auth, chat, completions, guard, AppState};
+use super::protocol::{ModelCard, ModelList, ModelPermission};
+use super::{admin, auth, chat, completions, guard, plugins, responses, tokenize, web, AppState};
 
 /// Every route, the API key check on the `/v1` ones, `Content-Type` on
 /// those that take JSON, the body limit, CORS when configured and the
@@ -20,8 +21,19 @@ use super::{admin, auth, chat, completions, guard, AppState};
 pub fn router(app: Arc<AppState>, local: SocketAddr) -> Router {
     let mut json = Router::new()
         .route("/v1/completions", post(completions::create))
-        .route("/v1/chat/completions", post(chat::create));
-    let mut guarded = Router::new().route("/v1/models", get(models));
+        .route("/v1/chat/completions", post(chat::create))
+        .route("/v1/responses", post(responses::create))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize));
+    let mut guarded = Router::new()
+        .route("/v1/models", get(models))
+        .route("/v1/plugins", get(plugins::list))
+        .route("/version", get(version))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
+        .route("/v1/responses/{id}/cancel", post(responses::cancel));
     if app.config.enable_rpc_endpoint {
         json = json.route("/collective_rpc", post(admin::collective_rpc));
         guarded = guarded
@@ -45,7 +57,7 @@ pub fn router(app: Arc<AppState>, local: SocketAddr) -> Router {
             app.clone(),
             auth::require_api_key,
         ));
-    let mut router = Router::new()
+    let mut router = web::routes()
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .merge(guarded)
@@ -91,14 +103,25 @@ async fn models(State(app): State<Arc<AppState>>) -> Json<ModelList> {
             object: "model",
             created: app.created,
             owned_by: "host",
+            root: app.model_root.clone(),
+            parent: None,
+            max_model_len: app.client.max_model_len(),
+            permission: vec![ModelPermission::for_model(&app.model_name, app.created)],
         }],
     })
+}
+
+/// `GET /version`: the server's version, as vLLM answers it.
+async fn version() -> Json<serde_json::Value> {
+    Json(serde_json::json!({"version": env!("CARGO_PKG_VERSION")}))
 }
 
 async fn not_found() -> ApiError {
     ApiError::with_status(
         StatusCode::NOT_FOUND,
-        "no such route; this server answers /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics",
+        "no such route; this server answers /v1/completions, /v1/chat/completions, /v1/responses, \
+         /v1/models, /v1/plugins, /tokenize, /detokenize, /version, /health, /metrics and the web \
+         page at /",
     )
 }
 
