@@ -95,6 +95,18 @@ const FIELDS: &[&str] = &[
     "guided_choice",
     "structured_outputs",
     "user",
+    // /tokenize, /detokenize and /v1/responses.
+    "tokens",
+    "return_token_strs",
+    "continue_final_message",
+    "input",
+    "instructions",
+    "max_output_tokens",
+    "previous_response_id",
+    "store",
+    "background",
+    "text",
+    "reasoning",
     "no_such_field",
     "",
 ];
@@ -166,10 +178,14 @@ fn message() -> impl Strategy<Value = Value> {
 
 /// A valid body for `path`, then up to six fields set to extreme values.
 fn mutated_body(path: &'static str) -> impl Strategy<Value = Vec<u8>> {
-    let base = if path == "/v1/chat/completions" {
-        json!({"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4, "temperature": 0})
-    } else {
-        json!({"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0})
+    let base = match path {
+        "/v1/chat/completions" => {
+            json!({"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4, "temperature": 0})
+        }
+        "/v1/responses" => json!({"input": "Say hi.", "max_output_tokens": 4, "temperature": 0}),
+        "/tokenize" => json!({"prompt": "Once upon a time"}),
+        "/detokenize" => json!({"tokens": [1, 504, 3458]}),
+        _ => json!({"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}),
     };
     let edits = prop::collection::vec((prop::sample::select(FIELDS), extreme_value()), 0..6);
     let messages = prop::option::of(prop::collection::vec(message(), 0..8));
@@ -217,6 +233,13 @@ fn case() -> impl Strategy<Value = Case> {
     let route = prop_oneof![
         8 => Just(("POST", "/v1/completions")),
         8 => Just(("POST", "/v1/chat/completions")),
+        4 => Just(("POST", "/v1/responses")),
+        2 => Just(("POST", "/tokenize")),
+        2 => Just(("POST", "/detokenize")),
+        1 => Just(("GET", "/v1/responses/resp_nope")),
+        1 => Just(("GET", "/version")),
+        1 => Just(("GET", "/v1/plugins")),
+        1 => Just(("GET", "/")),
         1 => Just(("GET", "/v1/models")),
         1 => Just(("GET", "/health")),
         1 => Just(("GET", "/metrics")),
