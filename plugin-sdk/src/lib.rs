@@ -3,14 +3,17 @@
 //! `cargo build --release --target wasm32-wasip2`, and load the `.wasm` with
 //! `host --plugin FILE.wasm`.
 //!
-//! The SDK hides the WIT bindings (`wit/v0.2.0/plugins.wit`, package
-//! `engine:plugins@0.2.0`): a plugin implements a trait
+//! The SDK hides the WIT bindings (`wit/v0.3.0/plugins.wit`, package
+//! `engine:plugins@0.3.0`, vendored in this crate's `wit/` so it builds
+//! from anywhere; the `wit-0-2` feature builds against `0.2.0` instead):
+//! a plugin implements a trait
 //! ([`policy::SchedulingPolicy`], [`logits_processor::LogitsProcessor`],
 //! [`sampler::Sampler`] or [`worker_extension::WorkerExtension`])
 //! whose methods take and return ordinary Rust values, so its logic is
 //! unit-testable natively with `cargo test`. Enable the cargo feature of the
 //! one kind the plugin is (`policy`, `logits-processor`, `sampler` or
-//! `worker-extension`).
+//! `worker-extension`). [`log`] (and the [`info!`] family of macros)
+//! writes to the host's log; so do `println!` and `eprintln!`.
 //!
 //! ```ignore
 //! use plugin_sdk::policy::{Metadata, SchedulingPolicy, WaitingQueue};
@@ -29,6 +32,7 @@
 
 extern crate self as plugin_sdk;
 
+pub mod log;
 #[cfg(feature = "logits-processor")]
 pub mod logits_processor;
 #[cfg(feature = "policy")]
@@ -41,6 +45,10 @@ pub mod state;
 pub mod worker_extension;
 
 /// The WIT package version this SDK builds plugins against.
+#[cfg(not(feature = "wit-0-2"))]
+pub const WIT_VERSION: &str = "0.3.0";
+/// The WIT package version this SDK builds plugins against.
+#[cfg(feature = "wit-0-2")]
 pub const WIT_VERSION: &str = "0.2.0";
 
 /// One option a plugin accepts in its `options` JSON object (shown by

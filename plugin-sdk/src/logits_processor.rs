@@ -1,10 +1,23 @@
 //! Logits processors: the trait, its plain data types and
 //! [`export_logits_processor!`](crate::export_logits_processor).
 
+/// The WIT bindings of this kind's world: `engine:plugins@0.3.0`, or
+/// `0.2.0` with the `wit-0-2` feature (both vendored in `plugin-sdk/wit/`).
 #[doc(hidden)]
 pub mod bindings {
+    #[cfg(not(feature = "wit-0-2"))]
     wit_bindgen::generate!({
-        path: "../wit/v0.2.0",
+        path: "wit/v0.3.0",
+        world: "engine:plugins/logits-processor-plugin@0.3.0",
+        with: { "engine:plugins/logging@0.3.0": crate::log::bindings::engine::plugins::logging },
+        pub_export_macro: true,
+        export_macro_name: "__export_logits_processor_world",
+        default_bindings_module: "plugin_sdk::logits_processor::bindings",
+        runtime_path: "plugin_sdk::__wit_bindgen_rt",
+    });
+    #[cfg(feature = "wit-0-2")]
+    wit_bindgen::generate!({
+        path: "wit/v0.2.0",
         world: "engine:plugins/logits-processor-plugin@0.2.0",
         pub_export_macro: true,
         export_macro_name: "__export_logits_processor_world",

@@ -7,6 +7,8 @@ mod bench;
 mod bench_throughput;
 mod generate;
 mod plugin;
+mod plugin_build;
+mod plugin_new;
 mod plugins_in_use;
 mod sampling_args;
 mod serve;
@@ -40,7 +42,7 @@ enum Command {
     /// Inspect the configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
-    /// List and inspect WebAssembly plugins.
+    /// List, inspect, create and build WebAssembly plugins.
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
     /// A worker process of the `mp` executor (started by the engine, which

@@ -1,5 +1,7 @@
 //! `host plugin list` and `host plugin inspect FILE`: what the known plugins
-//! declare (name, version, kind, WIT version, exports, options).
+//! declare (name, version, kind, WIT version, exports, options); `host
+//! plugin new` ([`super::plugin_new`]) and `host plugin build`
+//! ([`super::plugin_build`]) make and build a plugin project.
 
 use std::path::PathBuf;
 
@@ -18,6 +20,14 @@ pub enum PluginCommand {
         /// The `.wasm` component.
         file: PathBuf,
     },
+    /// Create a plugin project (Rust or Python) in a new folder.
+    New(super::plugin_new::NewArgs),
+    /// Build the plugin project in DIR and print its component's path and name.
+    Build {
+        /// The project folder (`host plugin new` made it); default the current one.
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+    },
 }
 
 /// Runs a `plugin` subcommand.
@@ -35,11 +45,14 @@ pub fn run(config: &EngineConfig, command: &PluginCommand) -> anyhow::Result<()>
             let info = PluginHost::inspect(runtime_from_config(&config.plugins)?, file)?;
             print!("{}", describe(&info));
         }
+        PluginCommand::New(args) => super::plugin_new::run(args)?,
+        PluginCommand::Build { dir } => super::plugin_build::run(config, dir)?,
     }
     Ok(())
 }
 
-fn describe(p: &PluginInfo) -> String {
+/// What `host plugin inspect` prints about one component.
+pub(super) fn describe(p: &PluginInfo) -> String {
     let mut out = format!(
         "name: {}\nversion: {}\nkind: {}\nwit: {}\nfile: {}\nexports:\n",
         p.name,

@@ -72,7 +72,7 @@ world!(
 );
 world!(
     bindings::sampler::SamplerPlugin,
-    bindings::sampler::SamplerPluginPre<StoreState>
+    bindings::sampler::SamplerPluginPre
 );
 
 /// A live instance of one plugin.
@@ -168,7 +168,10 @@ impl<W: World> Sandboxed<W> {
         match runtime.call(store, deadline, |s| f(world, s)) {
             Ok(r) => Ok(r),
             Err(e) => {
-                let message = describe_fault(&e, runtime.limits(), deadline);
+                let mut message = describe_fault(&e, runtime.limits(), deadline);
+                if let Some(panic) = store.data().output().take_panic() {
+                    message = format!("{message} ({panic})");
+                }
                 Err(self.fault(call, message))
             }
         }

@@ -247,7 +247,7 @@ mod tests {
         };
         let rt = crate::plugins::PluginRuntime::new(limits.clone(), None, Vec::new()).unwrap();
         let module = wasmtime::Module::new(rt.engine(), module).unwrap();
-        let mut store = rt.new_store();
+        let mut store = rt.new_store("test");
         let instance = wasmtime::Instance::new(&mut store, &module, &[]);
         (instance, store, limits)
     }

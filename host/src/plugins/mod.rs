@@ -1,6 +1,6 @@
 //! WebAssembly plugins (the wasm host): scheduling policies, logits
 //! processors and worker extensions written against the WIT package
-//! `engine:plugins` (`wit/v0.1.0`, `wit/v0.2.0`; the host accepts both), run
+//! `engine:plugins` (`wit/v0.1.0`, `v0.2.0`, `v0.3.0`; the host accepts all), run
 //! on wasmtime's component model in a sandbox, and resolved by the qualified
 //! name they declare.
 //!
@@ -20,6 +20,8 @@
 //!   the worker implements and registers as `collective_rpc` methods.
 //! - `bindings`: every supported WIT version's bindings behind one type per
 //!   kind.
+//! - [`log`]: the guest's stdout, stderr and `log` import (0.3) into the
+//!   host's tracing output, prefixed with the plugin's name and rate-limited.
 //!
 //! Plugins are called from the scheduler and the worker, and the plugin
 //! host imports neither: each kind takes plain values (the policy's
@@ -34,6 +36,7 @@ pub mod extension;
 pub mod instance;
 pub mod limiter;
 mod live;
+pub mod log;
 pub mod policy;
 pub mod processor;
 pub mod registry;

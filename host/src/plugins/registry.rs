@@ -26,7 +26,7 @@ use super::{OnError, PluginError, PluginKind};
 pub const WIT_PACKAGE: &str = "engine:plugins";
 /// The accepted versions of [`WIT_PACKAGE`] (any patch of these minors;
 /// `wit/v<minor>` holds each).
-pub const SUPPORTED_WIT: &str = "engine:plugins@0.1.x and @0.2.x";
+pub const SUPPORTED_WIT: &str = "engine:plugins@0.1.x, @0.2.x and @0.3.x";
 
 /// One option a plugin accepts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,10 +89,10 @@ fn split_export(name: &str) -> Option<(&str, &str)> {
     rest.split_once('@')
 }
 
-/// True for `0.1.x` and `0.2.x`.
+/// True for `0.1.x`, `0.2.x` and `0.3.x`.
 fn version_supported(version: &str) -> bool {
     let mut parts = version.split('.');
-    parts.next() == Some("0") && matches!(parts.next(), Some("1" | "2"))
+    parts.next() == Some("0") && matches!(parts.next(), Some("1" | "2" | "3"))
 }
 
 /// A qualified name: `namespace:name`, each part non-empty lowercase
@@ -198,7 +198,11 @@ impl PluginHost {
         };
         let rt = &self.runtime;
         let deadline = rt.limits().init_deadline;
-        let mut store = rt.new_store();
+        let label = path.file_name().map_or_else(
+            || path.display().to_string(),
+            |f| f.to_string_lossy().into_owned(),
+        );
+        let mut store = rt.new_store(&label);
         let fault = |e: wasmtime::Error| {
             bad(format!(
                 "metadata() failed: {}",
@@ -471,8 +475,9 @@ mod tests {
         assert_eq!(split_export("wasi:cli/run@0.2.0"), None);
         assert!(version_supported("0.1.0") && version_supported("0.1.7"));
         assert!(version_supported("0.2.0") && version_supported("0.2.3"));
+        assert!(version_supported("0.3.0") && version_supported("0.3.1"));
         assert!(
-            !version_supported("0.3.0")
+            !version_supported("0.4.0")
                 && !version_supported("0.9.0")
                 && !version_supported("1.1.0")
                 && !version_supported("0.10.0")

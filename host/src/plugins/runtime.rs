@@ -1,9 +1,11 @@
 //! The wasmtime side: one `Engine` for every plugin, the sandbox every
 //! instance runs in, and the per-call deadline.
 //!
-//! The sandbox: a plugin imports nothing from the host, the environment it
-//! sees is empty, and every other WASI import a guest's standard library
-//! pulls in (filesystem, sockets, clocks, randomness, stdio) is linked to a
+//! The sandbox: a plugin imports nothing from the host but `logging` (and a
+//! worker extension `host-api`), the environment it sees is empty, its
+//! stdout and stderr go to the host's log under its name, rate-limited
+//! ([`super::log`]), and every other WASI import a guest's standard library
+//! pulls in (filesystem, sockets, clocks, randomness, stdin) is linked to a
 //! function that traps with the import's name, so "no filesystem, network,
 //! environment or clock" holds by construction. Memory is capped for the
 //! plugin as a whole, every linear memory of the component together, and
@@ -30,15 +32,17 @@ use wasmtime::component::{
     Component, HasData, InstancePre, Linker, Resource, ResourceTable, ResourceType,
 };
 use wasmtime::{Config, Engine, Store, Trap};
+use wasmtime_wasi::cli::{WasiCli, WasiCliView};
 use wasmtime_wasi::filesystem::{
     Descriptor, WasiFilesystem, WasiFilesystemCtxView, WasiFilesystemView,
 };
-use wasmtime_wasi::p2::bindings::{filesystem::preopens, sync as wasi};
+use wasmtime_wasi::p2::bindings::{cli as wasi_cli, filesystem::preopens, sync as wasi};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::cache::CompiledCache;
 use super::cache_guard;
 use super::limiter::{LimitExceeded, PluginLimiter};
+use super::log::{GuestOutput, PluginLog};
 use super::ticker::{Ticker, TICK};
 
 /// Sandbox limits for every instance.
@@ -77,6 +81,15 @@ pub struct StoreState {
     /// The worker lent to a worker extension for the duration of one call
     /// (`super::extension`); `None` otherwise, when `host-api` traps.
     pub(super) host_api: Option<Box<dyn super::extension::HostApi>>,
+    /// Where the guest's stdout, stderr and `log` calls go.
+    output: GuestOutput,
+}
+
+impl StoreState {
+    /// The guest's stdout and stderr, and the plugin's log.
+    pub fn output(&self) -> &GuestOutput {
+        &self.output
+    }
 }
 
 impl WasiView for StoreState {
@@ -124,7 +137,10 @@ const LINKED_INTERFACES: &[&str] = &[
     "wasi:io/",
     "wasi:filesystem/",
     "wasi:cli/environment@",
+    "wasi:cli/stdout@",
+    "wasi:cli/stderr@",
     "engine:plugins/host-api@",
+    "engine:plugins/logging@",
 ];
 
 /// The resources [`LINKED_INTERFACES`] define.
@@ -163,6 +179,8 @@ pub struct PluginRuntime {
     limits: Limits,
     grants: Vec<Grant>,
     ticker: Ticker,
+    /// Each plugin's log (its rate limit is shared by its instances).
+    logs: std::sync::Mutex<std::collections::BTreeMap<String, std::sync::Arc<PluginLog>>>,
 }
 
 impl std::fmt::Debug for PluginRuntime {
@@ -208,6 +226,7 @@ impl PluginRuntime {
             limits,
             grants,
             ticker,
+            logs: Default::default(),
         })
     }
 
@@ -273,6 +292,10 @@ impl PluginRuntime {
             granted: s.granted,
             fs: s.filesystem(),
         })?;
+        // stdout and stderr: into the host's log (`super::log`).
+        wasi_cli::stdout::add_to_linker::<StoreState, WasiCli>(&mut linker, |s| s.cli())?;
+        wasi_cli::stderr::add_to_linker::<StoreState, WasiCli>(&mut linker, |s| s.cli())?;
+        super::log::add_to_linker(&mut linker)?;
         // The worker's API for worker extensions: it traps outside an
         // extension's call, when no worker is lent (`super::extension`).
         super::bindings::extension::add_host_api(&mut linker)?;
@@ -310,15 +333,34 @@ impl PluginRuntime {
 
     /// A fresh store with nothing granted, the memory limit and a trapping
     /// epoch deadline (for reading a plugin's metadata before its name is
-    /// known).
-    pub fn new_store(&self) -> Store<StoreState> {
-        self.store_with(WasiCtxBuilder::new().build(), false)
+    /// known); what the guest logs is prefixed with `label` (its file).
+    pub fn new_store(&self, label: &str) -> Store<StoreState> {
+        let output = GuestOutput::new(self.plugin_log(label));
+        let wasi = Self::wasi_builder(&output).build();
+        self.store_with(wasi, false, output)
+    }
+
+    /// The log of the plugin `name`, created on first use.
+    pub fn plugin_log(&self, name: &str) -> std::sync::Arc<PluginLog> {
+        let mut logs = self.logs.lock().unwrap_or_else(|e| e.into_inner());
+        logs.entry(name.to_string())
+            .or_insert_with(|| PluginLog::new(name))
+            .clone()
+    }
+
+    /// A WASI context whose stdout and stderr are `output`'s.
+    fn wasi_builder(output: &GuestOutput) -> WasiCtxBuilder {
+        let mut wasi = WasiCtxBuilder::new();
+        wasi.stdout(output.stdout.clone())
+            .stderr(output.stderr.clone());
+        wasi
     }
 
     /// A fresh store for the plugin `plugin`, with its granted directories
     /// preopened; fails when a granted directory cannot be opened.
     pub fn new_store_for(&self, plugin: &str) -> wasmtime::Result<Store<StoreState>> {
-        let mut wasi = WasiCtxBuilder::new();
+        let output = GuestOutput::new(self.plugin_log(plugin));
+        let mut wasi = Self::wasi_builder(&output);
         // Calls are synchronous on the caller's thread already.
         wasi.allow_blocking_current_thread(true);
         let mut granted = false;
@@ -336,16 +378,17 @@ impl PluginRuntime {
             })?;
             granted = true;
         }
-        Ok(self.store_with(wasi.build(), granted))
+        Ok(self.store_with(wasi.build(), granted, output))
     }
 
-    fn store_with(&self, wasi: WasiCtx, granted: bool) -> Store<StoreState> {
+    fn store_with(&self, wasi: WasiCtx, granted: bool, output: GuestOutput) -> Store<StoreState> {
         let state = StoreState {
             limits: PluginLimiter::new(self.limits.memory_bytes),
             wasi,
             table: ResourceTable::new(),
             granted,
             host_api: None,
+            output,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
@@ -395,6 +438,9 @@ pub fn describe_fault(err: &wasmtime::Error, limits: &Limits, deadline: Duration
             // Rust's panic hook writes the message to stderr before aborting.
             return format!("trapped writing to stderr ({import}), which the sandbox does not grant; usually a panic");
         }
+        if import.contains("wasi:cli/terminal-") {
+            return format!("used {import} (asked whether stdout is a terminal), which the sandbox does not grant; stdout and stderr themselves are logged by the host");
+        }
         return format!("used {import}, a host capability the sandbox does not grant");
     }
     if root.contains("growing memory") || root.contains("memory") && root.contains("limit") {
@@ -404,6 +450,12 @@ pub fn describe_fault(err: &wasmtime::Error, limits: &Limits, deadline: Duration
         );
     }
     match err.downcast_ref::<Trap>() {
+        // Rust's `panic = "abort"` ends in `unreachable`, after the panic
+        // hook wrote the message to stderr (logged, and appended to this
+        // message by `super::instance`).
+        Some(Trap::UnreachableCodeReached) => {
+            format!("trapped: {}, usually a panic", Trap::UnreachableCodeReached)
+        }
         Some(trap) => format!("trapped: {trap}"),
         None => format!("failed: {root}"),
     }
