@@ -155,6 +155,78 @@ fn logit_bias_changes_only_the_requests_that_ask() {
 }
 
 #[test]
+fn an_allow_mask_limits_greedy_output_to_its_tokens() {
+    let prompt = "The capital of France is";
+    let mut llm = Llm::new(&engine_config(&[])).unwrap();
+    let ranked = SamplingParams {
+        logprobs: Some(5),
+        ..greedy(1)
+    };
+    let base = llm
+        .generate(&[request(prompt, ranked)], |_, _| {}, |_, _| {})
+        .unwrap();
+    let top: Vec<u32> = base[0].as_ref().unwrap().logprobs[0]
+        .top
+        .iter()
+        .map(|&(t, _)| t)
+        .collect();
+    drop(llm);
+
+    // A 0.3 processor answering with packed allow-masks (test:allow-mask).
+    let mut c = engine_config(&["allow_mask"]);
+    c.plugins.logits_processors = vec!["test:allow-mask".into()];
+    c.plugins.on_error = "fail".into();
+    let mut llm = Llm::new(&c).unwrap();
+    let with = |args: serde_json::Value, n| SamplingParams {
+        extra_args: Some(args),
+        ..greedy(n)
+    };
+    let allowed = [top[3], top[4]];
+    let texts = [" the", ".", ","];
+    let reqs = [
+        request(prompt, greedy(1)),
+        request(prompt, with(serde_json::json!({"allow_ids": allowed}), 8)),
+        // By text: only possible with the vocabulary set-vocabulary gave.
+        request(prompt, with(serde_json::json!({"allow_texts": texts}), 8)),
+    ];
+    let done = llm.generate(&reqs, |_, _| {}, |_, _| {}).unwrap();
+    let out: Vec<_> = done.into_iter().map(|r| r.unwrap()).collect();
+    assert_eq!(out[0].token_ids, [top[0]], "a request without a mask");
+    assert_eq!(out[1].token_ids.len(), 8);
+    assert_eq!(out[1].token_ids[0], top[3], "greedy among the allowed");
+    assert!(
+        out[1].token_ids.iter().all(|t| allowed.contains(t)),
+        "{:?} not within {allowed:?}",
+        out[1].token_ids
+    );
+    // Every token of the third is one of the texts, so the text is made of
+    // them.
+    let mut rest = out[2].text.as_str();
+    while !rest.is_empty() {
+        let t = texts
+            .iter()
+            .find(|t| rest.starts_with(*t))
+            .unwrap_or_else(|| panic!("{:?} has text outside {texts:?}", out[2].text));
+        rest = &rest[t.len()..];
+    }
+    assert_eq!(out[2].token_ids.len(), 8);
+
+    // A mask that allows nothing faults the plugin, naming it; the request
+    // fails and the engine serves the next.
+    let none = request(prompt, with(serde_json::json!({"allow_none": true}), 2));
+    let done = llm.generate(&[none], |_, _| {}, |_, _| {}).unwrap();
+    let err = done[0].as_ref().unwrap_err();
+    assert!(
+        err.contains("plugin test:allow-mask: process failed") && err.contains("allows no token"),
+        "{err}"
+    );
+    let later = llm
+        .generate(&[request(prompt, greedy(2))], |_, _| {}, |_, _| {})
+        .unwrap();
+    assert_eq!(later[0].as_ref().unwrap().token_ids.len(), 2);
+}
+
+#[test]
 fn a_faulting_policy_falls_back_and_the_engine_keeps_serving() {
     let mut c = engine_config(&["misbehave"]);
     c.scheduler.policy = "test:misbehave".into();

@@ -281,9 +281,14 @@ fn bad_input_gets_an_openai_error_naming_the_field() {
         ("/v1/completions", br#"{"prompt": 7}"#, Some("prompt")),
         ("/v1/completions", br#"{"prompt": [49152]}"#, Some("prompt")),
         (
-            "/v1/completions",
-            br#"{"prompt": "x", "echo": true}"#,
+            "/v1/chat/completions",
+            br#"{"messages": [{"role": "user", "content": "x"}], "echo": true}"#,
             Some("echo"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "x", "prompt_logprobs": 1, "stream": true}"#,
+            Some("prompt_logprobs"),
         ),
         (
             "/v1/chat/completions",

@@ -13,6 +13,12 @@
 //! - `plugin_processor/process/64`: `engine:logit-bias` over a batch of 64
 //!   rows of the real vocabulary size (49152), each request banning two
 //!   tokens and biasing one: the call plus applying the edits;
+//! - `plugin_mask/{mask,no_mask}/{49152,131072}`: the fixture
+//!   `test:allow-mask` (WIT 0.3) over a batch of 64 rows at the default
+//!   model's vocabulary and at 128k, every row answered with a packed
+//!   allow-mask (`vocab / 64` u64 words, precomputed in the guest) that the
+//!   host validates and applies (-inf to the disallowed logits), beside the
+//!   same call with no mask; the difference over 64 is a mask's cost per row;
 //! - `plugin_sampler/{host,engine:typical-p}/64`: sampling a batch of 64
 //!   rows of the real vocabulary (seeded, temperature 0.8): the host's
 //!   sampler beside the sampler plugin's whole path (the host's top-20
@@ -206,6 +212,46 @@ fn bench_processor(c: &mut Criterion) {
             black_box(logits[0])
         })
     });
+    group.finish();
+}
+
+fn bench_mask(c: &mut Criterion) {
+    let cache = tempfile::tempdir().unwrap();
+    let host = plugin_host(&["allow_mask"], cache.path());
+    let batch = 64usize;
+    let rows: Vec<Row> = (0..batch)
+        .map(|i| Row {
+            id: i as u32,
+            num_output_tokens: 3,
+            last_token: 42,
+            logits_row: i,
+        })
+        .collect();
+    let mut group = c.benchmark_group("plugin_mask");
+    for vocab in [49152usize, 131072] {
+        for masked in [true, false] {
+            let mut processors = host
+                .logits_processors(&["test:allow-mask".into()])
+                .unwrap()
+                .unwrap();
+            for i in 0..batch as u32 {
+                // A few hundred allowed tokens spread over the vocabulary.
+                let ids: Vec<u32> = (0..300).map(|k| (i + k * 97) % vocab as u32).collect();
+                let args = serde_json::json!({"allow_ids": ids});
+                processors.add(i, masked.then_some(&args));
+            }
+            let mut logits = vec![0.0f32; batch * vocab];
+            let name = if masked { "mask" } else { "no_mask" };
+            group.bench_function(BenchmarkId::new(name, vocab), |b| {
+                b.iter(|| {
+                    processors
+                        .apply(black_box(&rows), &mut logits, vocab)
+                        .unwrap();
+                    black_box(logits[0])
+                })
+            });
+        }
+    }
     group.finish();
 }
 
@@ -413,6 +459,7 @@ fn bench_step(c: &mut Criterion) {
 
 criterion_group!(
     benches,
+    bench_mask,
     bench_policy,
     bench_python_policy,
     bench_processor,

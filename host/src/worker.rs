@@ -80,6 +80,9 @@ pub struct Worker {
     step_input: ModelInput,
     /// The step run by `execute_model`, until `sample_tokens`.
     pending: Option<Pending>,
+    /// The model's vocabulary for logits processors, once the engine sent
+    /// it (`set_vocabulary`); the worker has no tokenizer of its own.
+    vocabulary: Option<crate::plugins::Vocabulary>,
 }
 
 impl Worker {
@@ -113,6 +116,7 @@ impl Worker {
             input_batch,
             step_input: ModelInput::default(),
             pending: None,
+            vocabulary: None,
         })
     }
 
@@ -167,7 +171,18 @@ impl Worker {
                 path: path.clone(),
                 source: Box::new(source),
             })?;
-        self.runner = Some(self.prepare_runner(&weights)?);
+        let runner = self.prepare_runner(&weights)?;
+        // A runner that cannot compute prompt logprobs fails the requests
+        // asking for them, saying so; the others are served.
+        self.input_batch
+            .set_no_prompt_logprobs((!runner.computes_span_logits()).then(|| {
+                format!(
+                    "prompt_logprobs (and echo with logprobs) are not supported on {}; \
+                 the CPU worker computes them",
+                    runner.device_name()
+                )
+            }));
+        self.runner = Some(runner);
         self.weights = Some(weights);
         self.num_blocks = 0;
         self.asleep = None;
@@ -316,13 +331,34 @@ impl Worker {
                 missing: "initialize_from_config",
             });
         }
-        let plan = self.input_batch.prepare(so, &mut self.step_input)?;
+        let mut plan = self.input_batch.prepare(so, &mut self.step_input)?;
         self.pending = None;
-        if !self.step_input.seqs.is_empty() {
+        if self.step_input.seqs.is_empty() && plan.has_failures() {
+            // Nothing runs, but the failures must reach the scheduler.
+            let none = Logits {
+                num_seqs: 0,
+                vocab_size: 0,
+                data: Vec::new(),
+            };
+            self.pending = Some(Pending::Host(plan, none));
+        } else if !self.step_input.seqs.is_empty() {
             let runner = self.runner.as_deref_mut().ok_or(WorkerError::OutOfOrder {
                 called: "execute_model",
                 missing: "load_model",
             })?;
+            if !plan.is_last_rows_only() {
+                // Prompt logprobs: the runner hands the extra rows to the
+                // plan as it computes them, in bounded chunks.
+                let spans = std::mem::take(&mut plan.spans);
+                let logits = runner.execute_model_with_spans(
+                    &self.step_input,
+                    &spans,
+                    &mut |span, row, logits| plan.accept_logits_row(span, row, logits),
+                )?;
+                plan.spans = spans;
+                self.pending = Some(Pending::Host(plan, logits));
+                return Ok(());
+            }
             if let Some(rows) = self.input_batch.device_rows(&plan) {
                 if let Some(tokens) = runner.execute_and_sample(&self.step_input, &rows) {
                     self.pending = Some(Pending::Device(plan, tokens?));
@@ -345,7 +381,10 @@ impl Worker {
             ))
         })?;
         let host = crate::plugins::host_from_config(&config)?;
-        if let Some(processors) = host.logits_processors(&config.logits_processors)? {
+        if let Some(mut processors) = host.logits_processors(&config.logits_processors)? {
+            if let Some(vocabulary) = &self.vocabulary {
+                processors.set_vocabulary(vocabulary)?;
+            }
             self.input_batch.set_processors(processors);
         }
         if let Some(sampler) = host.sampler(&config.sampler, config.sampler_top_k)? {
@@ -354,30 +393,54 @@ impl Worker {
         Ok(())
     }
 
+    /// Keeps the model's vocabulary (JSON of [`crate::plugins::Vocabulary`],
+    /// which the engine builds from its tokenizer) for the logits processors
+    /// loaded after it (the `set_vocabulary` worker method, called before
+    /// `load_logits_processors`). Set once: a different vocabulary later is
+    /// refused, so a `collective_rpc` caller cannot change what the
+    /// processors see.
+    pub fn set_vocabulary(&mut self, json: &str) -> Result<(), WorkerError> {
+        let vocabulary: crate::plugins::Vocabulary = serde_json::from_str(json)
+            .map_err(|e| WorkerError::Config(format!("set_vocabulary: invalid JSON: {e}")))?;
+        vocabulary
+            .validate()
+            .map_err(|e| WorkerError::Config(format!("set_vocabulary: {e}")))?;
+        match &self.vocabulary {
+            Some(v) if *v != vocabulary => Err(WorkerError::Config(
+                "set_vocabulary: refused, the worker already has the engine's vocabulary".into(),
+            )),
+            _ => {
+                self.vocabulary = Some(vocabulary);
+                Ok(())
+            }
+        }
+    }
+
     /// Samples the step [`Worker::execute_model`] ran: one token for each
     /// request that reached the end of its known tokens, as `(handle, [token])`.
     pub fn sample_tokens(&mut self) -> Result<ModelRunnerOutput, WorkerError> {
-        match self.pending.take() {
+        let (mut plan, mut out) = match self.pending.take() {
             Some(Pending::Device(plan, tokens)) => {
-                Ok(self.input_batch.record_sampled(&plan, &tokens)?)
+                let out = self.input_batch.record_sampled(&plan, &tokens)?;
+                (plan, out)
             }
             Some(Pending::Host(plan, mut logits)) => {
-                match self.input_batch.apply_processors(&plan, &mut logits) {
-                    Ok(()) => Ok(self.input_batch.sample(&plan, &mut logits)?),
+                let out = match self.input_batch.apply_processors(&plan, &mut logits) {
+                    Ok(()) => self.input_batch.sample(&plan, &mut logits)?,
                     // A processor faulted under `on_error = "fail"`: the requests
                     // whose rows it was given fail; the engine and the other
                     // requests carry on.
                     Err(e) => {
                         self.input_batch.fail(plan.sampling_handles());
-                        Ok(ModelRunnerOutput::failed(
-                            plan.sampling_handles(),
-                            &e.to_string(),
-                        ))
+                        ModelRunnerOutput::failed(plan.sampling_handles(), &e.to_string())
                     }
-                }
+                };
+                (plan, out)
             }
-            None => Ok(ModelRunnerOutput::default()),
-        }
+            None => return Ok(ModelRunnerOutput::default()),
+        };
+        plan.finish_output(&mut out);
+        Ok(out)
     }
 }
 

@@ -36,6 +36,115 @@ pub type Batch = wit::Batch;
 /// Sparse edits as parallel lists (see [`Edits::ban`] and [`Edits::bias`]).
 pub type Edits = wit::LogitEdits;
 
+/// The served model's vocabulary (since 0.3), given once to
+/// [`LogitsProcessor::set_vocabulary`]: every token's bytes flat
+/// (`token_bytes`, with each token's end in `token_ends`), the special ids
+/// and EOS. [`VocabularyExt`] reads it.
+#[cfg(not(feature = "wit-0-2"))]
+pub type Vocabulary = wit::Vocabulary;
+
+/// Reading a [`Vocabulary`].
+#[cfg(not(feature = "wit-0-2"))]
+pub trait VocabularyExt {
+    /// Tokens the tokenizer knows (ids `0..len()`); the model's
+    /// `Batch::vocab_size` may be larger (padding, no text).
+    fn len(&self) -> usize;
+    /// Whether it has no token.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Token `id`'s bytes (a special token's text included).
+    fn token(&self, id: u32) -> Option<&[u8]>;
+    /// Whether `id` is a special (control) token.
+    fn is_special(&self, id: u32) -> bool;
+}
+
+#[cfg(not(feature = "wit-0-2"))]
+impl VocabularyExt for Vocabulary {
+    fn len(&self) -> usize {
+        self.token_ends.len()
+    }
+    fn token(&self, id: u32) -> Option<&[u8]> {
+        let i = id as usize;
+        let end = *self.token_ends.get(i)? as usize;
+        let start = if i == 0 {
+            0
+        } else {
+            self.token_ends[i - 1] as usize
+        };
+        self.token_bytes.get(start..end)
+    }
+    fn is_special(&self, id: u32) -> bool {
+        self.special_ids.binary_search(&id).is_ok()
+    }
+}
+
+/// A packed allow-mask over a vocabulary (since 0.3): bit `t` set = token
+/// `t` may be sampled. Give it to a row with [`EditsExt::mask`]; the host
+/// sets every other token's logit to -infinity. It crosses the boundary as
+/// `vocab_size / 64` words (6 KiB at 49152 tokens).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllowMask {
+    words: Vec<u64>,
+    vocab_size: u32,
+}
+
+impl AllowMask {
+    /// A mask allowing no token yet (allow at least one before use).
+    pub fn none(vocab_size: u32) -> AllowMask {
+        AllowMask {
+            words: vec![0; (vocab_size as usize).div_ceil(64)],
+            vocab_size,
+        }
+    }
+
+    /// A mask allowing every token.
+    pub fn all(vocab_size: u32) -> AllowMask {
+        let mut m = AllowMask {
+            words: vec![u64::MAX; (vocab_size as usize).div_ceil(64)],
+            vocab_size,
+        };
+        if vocab_size % 64 != 0 {
+            *m.words.last_mut().unwrap() = (1u64 << (vocab_size % 64)) - 1;
+        }
+        m
+    }
+
+    /// The vocabulary size it covers.
+    pub fn vocab_size(&self) -> u32 {
+        self.vocab_size
+    }
+
+    /// Allows `token` (ignored at or past the vocabulary size).
+    pub fn allow(&mut self, token: u32) {
+        if token < self.vocab_size {
+            self.words[token as usize / 64] |= 1 << (token % 64);
+        }
+    }
+
+    /// Disallows `token`.
+    pub fn disallow(&mut self, token: u32) {
+        if token < self.vocab_size {
+            self.words[token as usize / 64] &= !(1 << (token % 64));
+        }
+    }
+
+    /// Whether `token` is allowed.
+    pub fn is_allowed(&self, token: u32) -> bool {
+        token < self.vocab_size && self.words[token as usize / 64] >> (token % 64) & 1 == 1
+    }
+
+    /// How many tokens are allowed.
+    pub fn count(&self) -> usize {
+        self.words.iter().map(|w| w.count_ones() as usize).sum()
+    }
+
+    /// The packed words, least significant bit first.
+    pub fn words(&self) -> &[u64] {
+        &self.words
+    }
+}
+
 /// Builders for [`Edits`].
 pub trait EditsExt {
     /// No edits.
@@ -44,6 +153,11 @@ pub trait EditsExt {
     fn ban(&mut self, row: u32, token: u32);
     /// Adds `value` (finite) to row `row`'s logit of `token`.
     fn bias(&mut self, row: u32, token: u32, value: f32);
+    /// Row `row` may sample only the tokens `mask` allows (since 0.3; the
+    /// mask's vocabulary size must be the batch's, and it must allow at
+    /// least one token, else the host faults the plugin).
+    #[cfg(not(feature = "wit-0-2"))]
+    fn mask(&mut self, row: u32, mask: &AllowMask);
 }
 
 impl EditsExt for Edits {
@@ -54,7 +168,17 @@ impl EditsExt for Edits {
             bias_rows: Vec::new(),
             bias_tokens: Vec::new(),
             bias_values: Vec::new(),
+            #[cfg(not(feature = "wit-0-2"))]
+            mask_rows: Vec::new(),
+            #[cfg(not(feature = "wit-0-2"))]
+            mask_words: Vec::new(),
         }
+    }
+
+    #[cfg(not(feature = "wit-0-2"))]
+    fn mask(&mut self, row: u32, mask: &AllowMask) {
+        self.mask_rows.push(row);
+        self.mask_words.extend_from_slice(&mask.words);
     }
 
     fn ban(&mut self, row: u32, token: u32) {
@@ -79,9 +203,41 @@ pub trait LogitsProcessor: Sized + 'static {
     /// (`{}` when none); an error refuses the configuration.
     fn new(options: &str) -> Result<Self, String>;
 
+    /// The model's vocabulary, once after `new` (since 0.3; never called
+    /// with the `wit-0-2` feature). The default ignores it; an error
+    /// refuses the configuration.
+    #[cfg(not(feature = "wit-0-2"))]
+    fn set_vocabulary(&mut self, vocab: &Vocabulary) -> Result<(), String> {
+        let _ = vocab;
+        Ok(())
+    }
+
     /// Edits for this step's rows. `batch.added_ids` / `added_extra_args`
     /// announce new requests once; `batch.removed_ids` those that left.
     fn process(&mut self, batch: &Batch) -> Result<Edits, String>;
+}
+
+/// The `set-vocabulary` export of 0.3 (nothing for 0.2), inside
+/// [`export_logits_processor!`](crate::export_logits_processor)'s impl.
+#[cfg(not(feature = "wit-0-2"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __logits_processor_set_vocabulary {
+    ($processor:ty, $wit:ty) => {
+        fn set_vocabulary(vocab: $wit) -> ::std::result::Result<(), ::std::string::String> {
+            $crate::state::with(|p: &mut $processor| {
+                $crate::logits_processor::LogitsProcessor::set_vocabulary(p, &vocab)
+            })
+        }
+    };
+}
+
+/// The `set-vocabulary` export of 0.3 (nothing for 0.2).
+#[cfg(feature = "wit-0-2")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __logits_processor_set_vocabulary {
+    ($processor:ty, $wit:ty) => {};
 }
 
 #[doc(hidden)]
@@ -122,6 +278,7 @@ macro_rules! export_logits_processor {
                     $crate::state::set(p);
                     Ok(())
                 }
+                $crate::__logits_processor_set_vocabulary!($processor, __wit::Vocabulary);
                 fn process(batch: __wit::Batch) -> ::std::result::Result<__wit::LogitEdits, ::std::string::String> {
                     $crate::state::with(|p: &mut $processor| {
                         $crate::logits_processor::LogitsProcessor::process(p, &batch)
@@ -136,4 +293,46 @@ macro_rules! export_logits_processor {
             );
         };
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allow_mask_sets_and_clears_bits() {
+        let mut m = AllowMask::none(130);
+        assert_eq!(m.words().len(), 3);
+        assert_eq!(m.count(), 0);
+        m.allow(0);
+        m.allow(64);
+        m.allow(129);
+        m.allow(130); // past the vocabulary: ignored
+        assert!(m.is_allowed(64) && m.is_allowed(129) && !m.is_allowed(1));
+        m.disallow(64);
+        assert_eq!(m.count(), 2);
+        let all = AllowMask::all(130);
+        assert_eq!(all.count(), 130);
+        assert!(!all.is_allowed(130));
+    }
+
+    #[cfg(not(feature = "wit-0-2"))]
+    #[test]
+    fn a_mask_goes_into_the_edits_and_the_vocabulary_reads_back() {
+        let mut m = AllowMask::none(70);
+        m.allow(69);
+        let mut e = Edits::none();
+        e.mask(2, &m);
+        assert_eq!(e.mask_rows, [2]);
+        assert_eq!(e.mask_words, [0, 1 << 5]);
+        let v = Vocabulary {
+            token_bytes: b"<s>ab".to_vec(),
+            token_ends: vec![3, 5],
+            special_ids: vec![0],
+            eos: Some(0),
+        };
+        assert_eq!(v.token(1), Some(&b"ab"[..]));
+        assert!(v.is_special(0) && !v.is_special(1));
+        assert_eq!(v.len(), 2);
+    }
 }

@@ -13,6 +13,7 @@ evidence that both implement the model, not the same bug.
 
 Usage:
     llama_ref.py MODEL.gguf [--input FILE | --json TEXT] [--max-tokens N]
+    llama_ref.py MODEL.gguf [--input FILE | --json TEXT] --prompt-logprobs K
 
 The input (a file, a JSON argument, or stdin) is either a list of prompts, each
 a list of token ids, or {"prompts": [[...], ...], "max_tokens": N}. The output
@@ -21,7 +22,10 @@ is JSON: {"results": [{"logits": [...], "tokens": [...], "margins": [...],
 the prompt, `tokens` the greedy continuation of N tokens, `margins[i]` the gap
 between the top-1 and top-2 logits at generation step i, `top[i]` the 8 best
 [token, logit] pairs of step i, and `text` the decoded continuation (for
-eyeballing).
+eyeballing). With --prompt-logprobs K it prints instead
+{"results": [{"prompt_logprobs": [null, {"token": t, "logprob": x, "rank": r,
+"top": [[t, x], ...]}, ...]}]}: vLLM's prompt logprobs of each prompt, from the
+logits of every prompt position.
 """
 
 import argparse
@@ -116,14 +120,15 @@ class Model:
         out[..., 1 : self.rope_dim : 2] = x0 * sin + x1 * cos
         return out
 
-    def forward(self, batch):
+    def forward(self, batch, all_rows=False):
         """Runs new tokens of several sequences in one pass.
 
         `batch` is a list of (tokens, cache) where `cache` is a list of (K, V)
         per layer, each [T_past, kv_heads, head_dim], extended in place. The
         projections run over all sequences' tokens at once (one weight read
         per step); attention runs per sequence. Returns the logits of each
-        sequence's last new token, [len(batch), vocab]."""
+        sequence's last new token, [len(batch), vocab], or with `all_rows`
+        the logits of every new token of every sequence, [tokens, vocab]."""
         hd, nh, nkv = self.head_dim, self.n_heads, self.n_kv
         group = nh // nkv
         spans, positions, masks = [], [], []
@@ -168,6 +173,8 @@ class Model:
             gu = x @ L["wgu"]
             gate, up = gu[:, : gu.shape[1] // 2], gu[:, gu.shape[1] // 2 :]
             h = h + (gate / (1.0 + np.exp(-gate)) * up) @ L["wdown"]
+        if all_rows:
+            return self.rms_norm(h, self.final_norm) @ self.out_t
         last = self.rms_norm(h[[b - 1 for _, b in spans]], self.final_norm)
         return last @ self.out_t
 
@@ -213,12 +220,46 @@ def run(model, prompts, max_tokens):
     ]
 
 
+def prompt_logprobs(model, prompts, k):
+    """vLLM's prompt logprobs of each prompt: None for the first token, then
+    for token i its log-softmax under the logits of position i - 1 (in
+    float64), its rank (1 + the tokens strictly more likely) and the k most
+    likely [token, logprob] pairs there."""
+    results = []
+    for p in prompts:
+        logits = model.forward([(p, [])], all_rows=True).astype(np.float64)
+        m = logits.max(axis=-1, keepdims=True)
+        lsm = logits - (m + np.log(np.exp(logits - m).sum(axis=-1, keepdims=True)))
+        entries = [None]
+        for i in range(1, len(p)):
+            row = lsm[i - 1]
+            t = p[i]
+            best = np.argsort(row)[::-1][:k]
+            entries.append(
+                dict(
+                    token=int(t),
+                    logprob=float(row[t]),
+                    rank=int((row > row[t]).sum()) + 1,
+                    top=[[int(b), float(row[b])] for b in best],
+                )
+            )
+        results.append(dict(prompt_logprobs=entries))
+    return results
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", help="path of a llama-architecture GGUF file")
     ap.add_argument("--input", help="JSON file with the prompts (default: stdin)")
     ap.add_argument("--json", help="the prompts as a JSON string")
     ap.add_argument("--max-tokens", type=int, default=None, help="greedy tokens to generate (default 32)")
+    ap.add_argument(
+        "--prompt-logprobs",
+        type=int,
+        default=None,
+        metavar="K",
+        help="print each prompt's prompt logprobs with the K most likely tokens instead",
+    )
     args = ap.parse_args()
     if args.json is not None:
         spec = json.loads(args.json)
@@ -238,6 +279,9 @@ def main():
     bad = [t for p in prompts for t in p if not 0 <= t < n_vocab]
     if bad:
         sys.exit(f"token ids out of range 0..{n_vocab}: {bad[:5]}")
+    if args.prompt_logprobs is not None:
+        json.dump({"results": prompt_logprobs(model, prompts, args.prompt_logprobs)}, sys.stdout)
+        return
     json.dump({"results": run(model, prompts, max_tokens)}, sys.stdout)
 
 

@@ -17,7 +17,7 @@ use crate::sampling::SamplingParams;
 use crate::scheduler::{
     FinishReason, Request, RequestOutput, Scheduler, SchedulerError, SchedulerStats,
 };
-use crate::step::{Logprobs, SchedulerOutput};
+use crate::step::{Logprobs, PromptLogprobs, SchedulerOutput};
 pub use utility::UTILITY_METHODS;
 
 /// A request as the engine core receives it: already tokenized.
@@ -51,6 +51,11 @@ pub struct EngineCoreOutput {
     /// [`FinishReason::Error`] (names the plugin that faulted).
     #[serde(default)]
     pub error: Option<String>,
+    /// The prompt logprobs this step computed, when the request asked for
+    /// them (`SamplingParams::prompt_logprobs`): a prompt's arrive in
+    /// order over the steps of its prefill, the last with its first token.
+    #[serde(default)]
+    pub new_prompt_logprobs: Option<PromptLogprobs>,
 }
 
 /// Why the engine core cannot go on.
@@ -220,7 +225,7 @@ impl EngineCore {
             return Ok(Vec::new());
         };
         let t1 = Instant::now();
-        let sampled = step.wait()?;
+        let mut sampled = step.wait()?;
         let t2 = Instant::now();
         self.scheduler
             .update_from_output_into(&so, &sampled.sampled, &mut self.outputs);
@@ -247,7 +252,25 @@ impl EngineCore {
                     Some(FinishReason::Error) => sampled.failure_of(o.handle).map(str::to_string),
                     _ => None,
                 },
+                new_prompt_logprobs: None,
             });
+        }
+        // Prompt logprobs go with the request's output of the step, or in
+        // an output of their own (a partial prefill samples nothing).
+        for (h, chunk) in sampled.prompt_logprobs.drain(..) {
+            if let Some(i) = self.outputs.iter().position(|o| o.handle == h) {
+                out[i].new_prompt_logprobs = Some(chunk);
+            } else if self.scheduler.request(h).is_some() {
+                out.push(EngineCoreOutput {
+                    request_id: self.scheduler.request_id(h).unwrap_or_default().into(),
+                    new_token_ids: Vec::new(),
+                    finish_reason: None,
+                    num_cached_tokens: 0,
+                    new_logprobs: Vec::new(),
+                    error: None,
+                    new_prompt_logprobs: Some(chunk),
+                });
+            }
         }
         Ok(out)
     }

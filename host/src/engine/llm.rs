@@ -12,7 +12,7 @@ use super::output_processor::{Finish, RequestMetrics, RequestState};
 use super::startup;
 use crate::config::EngineConfig;
 use crate::sampling::SamplingParams;
-use crate::step::Logprobs;
+use crate::step::{Logprobs, PromptLogprob};
 use crate::tokenizer::{ChatMessage, Tokenizer};
 
 /// What to complete.
@@ -53,6 +53,10 @@ pub struct Completion {
     /// Logprobs of `token_ids`, when the request asked for them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub logprobs: Vec<Logprobs>,
+    /// Logprobs of prompt tokens 1.. (token 0 has none), when the request
+    /// asked for them (`prompt_logprobs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<Vec<PromptLogprob>>,
     /// Why it ended.
     #[serde(flatten)]
     pub finish: Finish,
@@ -207,6 +211,7 @@ impl Llm {
                 num_prompt_tokens: ids.len(),
                 num_cached_tokens: 0,
                 logprobs: Vec::new(),
+                prompt_logprobs: req.params.prompt_logprobs.map(|_| Vec::new()),
                 finish: Finish {
                     finish_reason: String::new(),
                     stop_reason: None,
@@ -238,6 +243,9 @@ impl Llm {
                 c.text.push_str(&delta.text);
                 c.token_ids.extend_from_slice(&delta.token_ids);
                 c.logprobs.extend(delta.logprobs);
+                if let Some(p) = delta.prompt_logprobs {
+                    c.prompt_logprobs = Some(p);
+                }
                 let Some(finish) = delta.finish else { continue };
                 if out.finish_reason.is_none() {
                     // A stop string ended it in the frontend.

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::core::EngineCoreOutput;
 use crate::sampling::{SamplingParams, StopChecker};
 use crate::scheduler::FinishReason;
-use crate::step::Logprobs;
+use crate::step::{Logprobs, PromptLogprob};
 use crate::tokenizer::{IncrementalDetokenizer, Tokenizer, TokenizerError};
 
 /// Why a completion ended, as the OpenAI API and vLLM report it.
@@ -38,6 +38,9 @@ pub struct Delta {
     /// Set on the request's last delta. A stop string ends the request here
     /// while the engine core still runs it: the caller aborts it there.
     pub finish: Option<Finish>,
+    /// On the request's first delta, when it asked for prompt logprobs:
+    /// those of prompt tokens 1.. (token 0 has none), in order.
+    pub prompt_logprobs: Option<Vec<PromptLogprob>>,
 }
 
 /// Latency figures of one request, in seconds, for the metrics.
@@ -62,6 +65,8 @@ pub struct RequestState {
     last_output: Option<Instant>,
     metrics: RequestMetrics,
     finished: bool,
+    /// Prompt logprobs received so far, until the first delta takes them.
+    prompt_logprobs: Option<Vec<PromptLogprob>>,
 }
 
 impl RequestState {
@@ -74,6 +79,7 @@ impl RequestState {
             last_output: None,
             metrics: RequestMetrics::default(),
             finished: false,
+            prompt_logprobs: None,
         }
     }
 
@@ -82,6 +88,16 @@ impl RequestState {
     pub fn process(&mut self, out: &EngineCoreOutput) -> Result<Delta, TokenizerError> {
         self.record_times(out);
         let mut delta = Delta::default();
+        if let Some(chunk) = &out.new_prompt_logprobs {
+            let got = self.prompt_logprobs.get_or_insert_with(Vec::new);
+            // Entries arrive in order, each once; one already held (which
+            // the engine never sends) is not taken twice.
+            let skip = (got.len() + 1).saturating_sub(chunk.start as usize);
+            got.extend(chunk.entries.iter().skip(skip).cloned());
+        }
+        if !out.new_token_ids.is_empty() || out.finish_reason.is_some() {
+            delta.prompt_logprobs = self.prompt_logprobs.take();
+        }
         for (i, &t) in out.new_token_ids.iter().enumerate() {
             delta.token_ids.push(t);
             delta.logprobs.extend(out.new_logprobs.get(i).cloned());

@@ -75,6 +75,12 @@ pub fn build_engine_core(config: &EngineConfig) -> anyhow::Result<(EngineCore, T
         config.model.max_model_len > 0,
     )?;
     if !config.plugins.logits_processors.is_empty() || !config.plugins.sampler.is_empty() {
+        if !config.plugins.logits_processors.is_empty() {
+            // Logits processors (0.3) learn the vocabulary; only the engine
+            // has the tokenizer, so it sends each token's bytes first.
+            let vocabulary = vocabulary_json(&tokenizer);
+            executor.call("set_vocabulary", RpcValue::Json(vocabulary), None, timeout)?;
+        }
         // The workers load what their own copy of the operator's [plugins]
         // names; the call carries nothing a caller could widen.
         executor.call("load_logits_processors", RpcValue::Unit, None, timeout)?;
@@ -210,6 +216,30 @@ fn spinner(message: String) -> ProgressBar {
     );
     bar.enable_steady_tick(Duration::from_millis(120));
     bar
+}
+
+/// The tokenizer's vocabulary as the workers' `set_vocabulary` reads it
+/// (`plugins::Vocabulary` as JSON): every token's bytes flat, each token's
+/// end offset, the special ids and EOS.
+fn vocabulary_json(tokenizer: &Tokenizer) -> String {
+    let n = tokenizer.vocab_size() as u32;
+    let mut token_bytes = Vec::new();
+    let mut token_ends = Vec::with_capacity(n as usize);
+    let mut special_ids = Vec::new();
+    for id in 0..n {
+        token_bytes.extend_from_slice(tokenizer.token_bytes(id).unwrap_or_default());
+        token_ends.push(token_bytes.len() as u32);
+        if tokenizer.is_special(id) {
+            special_ids.push(id);
+        }
+    }
+    serde_json::json!({
+        "token_bytes": token_bytes,
+        "token_ends": token_ends,
+        "special_ids": special_ids,
+        "eos": tokenizer.eos_token_id(),
+    })
+    .to_string()
 }
 
 #[cfg(test)]

@@ -4,7 +4,8 @@
 //! Every matmul runs once per layer over all tokens of the step (weights are
 //! streamed once per step, whatever the batch); attention runs per
 //! (sequence, head, query run) in parallel; the LM head runs only on each
-//! sequence's last token.
+//! sequence's last token, and on the tokens a step asks logits of (prompt
+//! logprobs), in bounded chunks.
 
 use std::sync::Arc;
 
@@ -13,7 +14,7 @@ use super::input::{Limits, ModelInput};
 use super::kv_cache::{KvCache, KvCacheShape};
 use super::layer::{norm_weight, weight_matrix, Layer, StepCtx};
 use super::scratch::Scratch;
-use super::{Logits, RunnerError};
+use super::{Logits, LogitsSink, LogitsSpan, RunnerError};
 use crate::distributed::AllReduceGroup;
 use crate::kernels::{matmul_with, rms_norm, MatmulPath, RopeTable, ThreadPool, WeightMatrix};
 use crate::model::{check, shard, LlamaConfig, ModelWeights};
@@ -226,6 +227,20 @@ impl CpuModelRunner {
     /// Runs one step: writes the K/V of every token of `input` into the
     /// cache and returns the logits of each sequence's last query token.
     pub fn execute_model(&mut self, input: &ModelInput) -> Result<Logits, RunnerError> {
+        self.execute_model_with_spans(input, &[], &mut |_, _, _| {})
+    }
+
+    /// [`Self::execute_model`], and also the logits of the query tokens of
+    /// each of `spans`, handed to `sink` one row at a time as `(span index,
+    /// row within the span, logits)`, in order. The LM head runs on those
+    /// rows in chunks of [`LOGITS_CHUNK_ROWS`], so memory stays bounded
+    /// however long the spans are (prompt logprobs of a long prefill).
+    pub fn execute_model_with_spans(
+        &mut self,
+        input: &ModelInput,
+        spans: &[LogitsSpan],
+        sink: &mut LogitsSink<'_>,
+    ) -> Result<Logits, RunnerError> {
         let Self {
             config: c,
             limits,
@@ -304,10 +319,88 @@ impl CpuModelRunner {
             &mut data,
             limits.matmul_path,
         );
+        if !spans.is_empty() {
+            span_logits(
+                pool,
+                head,
+                final_norm,
+                c.rms_norm_eps,
+                limits.matmul_path,
+                &s.h[..n * hid],
+                &s.spans,
+                spans,
+                sink,
+            )?;
+        }
         Ok(Logits {
             num_seqs: ns,
             vocab_size: head.rows(),
             data,
         })
     }
+}
+
+/// Rows of extra logits computed at once: 32 rows of a 49152-token
+/// vocabulary take 6 MiB.
+pub const LOGITS_CHUNK_ROWS: usize = 32;
+
+/// The logits of `spans`' query tokens, from the final residual stream `h`
+/// (`[tokens, hidden]`), in chunks of [`LOGITS_CHUNK_ROWS`] rows.
+#[allow(clippy::too_many_arguments)]
+fn span_logits(
+    pool: &ThreadPool,
+    head: &WeightMatrix,
+    final_norm: &[f32],
+    eps: f32,
+    path: MatmulPath,
+    h: &[f32],
+    seqs: &[SeqSpan],
+    spans: &[LogitsSpan],
+    sink: &mut LogitsSink<'_>,
+) -> Result<(), RunnerError> {
+    let (hid, vocab) = (head.cols(), head.rows());
+    for (i, span) in spans.iter().enumerate() {
+        let fits = seqs.get(span.seq).is_some_and(|q| {
+            span.first
+                .checked_add(span.len)
+                .is_some_and(|e| e <= q.query_len)
+        });
+        if !fits {
+            return Err(RunnerError::Input(format!(
+                "logits span {i} ({span:?}) is outside its sequence's query tokens"
+            )));
+        }
+    }
+    let rows = spans
+        .iter()
+        .map(|s| s.len)
+        .max()
+        .unwrap_or(0)
+        .min(LOGITS_CHUNK_ROWS);
+    let mut normed = vec![0.0; rows * hid];
+    let mut logits = vec![0.0; rows * vocab];
+    for (i, span) in spans.iter().enumerate() {
+        let base = seqs[span.seq].token_start + span.first;
+        let mut done = 0;
+        while done < span.len {
+            let m = (span.len - done).min(LOGITS_CHUNK_ROWS);
+            for (r, out) in normed[..m * hid].chunks_exact_mut(hid).enumerate() {
+                let t = base + done + r;
+                rms_norm(&h[t * hid..(t + 1) * hid], final_norm, eps, out);
+            }
+            matmul_with(
+                pool,
+                head,
+                &normed[..m * hid],
+                m,
+                &mut logits[..m * vocab],
+                path,
+            );
+            for (r, row) in logits[..m * vocab].chunks_exact(vocab).enumerate() {
+                sink(i, done + r, row);
+            }
+            done += m;
+        }
+    }
+    Ok(())
 }

@@ -2,7 +2,10 @@
 //! device it computes on — the CPU runner here, the CUDA runner in
 //! `crate::cuda` — so one `Worker` drives both through the same lifecycle.
 
-use super::{CpuModelRunner, KvCacheShape, Logits, ModelInput, RunnerConfig, RunnerError};
+use super::{
+    CpuModelRunner, KvCacheShape, Logits, LogitsSink, LogitsSpan, ModelInput, RunnerConfig,
+    RunnerError,
+};
 use crate::model::{LlamaConfig, ModelWeights};
 use crate::sampling::SamplingParams;
 
@@ -77,6 +80,34 @@ pub trait DeviceRunner: Send {
     /// Runs one step: writes the K/V of every token of `input` into the
     /// cache and returns the logits of each sequence's last query token.
     fn execute_model(&mut self, input: &ModelInput) -> Result<Logits, RunnerError>;
+
+    /// Whether [`DeviceRunner::execute_model_with_spans`] computes the
+    /// logits of other tokens than the last (prompt logprobs). The default:
+    /// no (the GPU runner); the worker then fails the requests that ask
+    /// for them, with a message that says so, and serves the others.
+    fn computes_span_logits(&self) -> bool {
+        false
+    }
+
+    /// Runs one step like [`DeviceRunner::execute_model`] and also hands
+    /// the logits of each of `spans`' query tokens to `sink`, in order, as
+    /// `(span index, row within the span, logits row)`. Only called when
+    /// [`DeviceRunner::computes_span_logits`]; the default refuses.
+    fn execute_model_with_spans(
+        &mut self,
+        input: &ModelInput,
+        spans: &[LogitsSpan],
+        sink: &mut LogitsSink<'_>,
+    ) -> Result<Logits, RunnerError> {
+        if spans.is_empty() {
+            return self.execute_model(input);
+        }
+        let _ = sink;
+        Err(RunnerError::Unsupported(format!(
+            "{} does not compute logits of prompt tokens (prompt logprobs)",
+            self.device_name()
+        )))
+    }
 
     /// Runs one step like [`DeviceRunner::execute_model`] but samples
     /// `rows` where the logits are, so they never leave the device:
@@ -164,6 +195,19 @@ impl DeviceRunner for CpuModelRunner {
 
     fn execute_model(&mut self, input: &ModelInput) -> Result<Logits, RunnerError> {
         CpuModelRunner::execute_model(self, input)
+    }
+
+    fn computes_span_logits(&self) -> bool {
+        true
+    }
+
+    fn execute_model_with_spans(
+        &mut self,
+        input: &ModelInput,
+        spans: &[LogitsSpan],
+        sink: &mut LogitsSink<'_>,
+    ) -> Result<Logits, RunnerError> {
+        CpuModelRunner::execute_model_with_spans(self, input, spans, sink)
     }
 
     fn reload_weight(&mut self, weights: &ModelWeights, name: &str) -> Result<(), RunnerError> {

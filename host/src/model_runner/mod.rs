@@ -19,7 +19,7 @@ mod scratch;
 
 use thiserror::Error;
 
-pub use cpu::{CpuModelRunner, RunnerConfig};
+pub use cpu::{CpuModelRunner, RunnerConfig, LOGITS_CHUNK_ROWS};
 pub use device_runner::{DeviceRunner, DeviceSampleRow, KvCacheBudget};
 /// The limits a step is validated against (shared with the CUDA runner).
 #[cfg(feature = "cuda")]
@@ -56,6 +56,23 @@ impl Logits {
         self.data.chunks_exact(self.vocab_size.max(1))
     }
 }
+
+/// Query tokens of one sequence of a step whose logits are wanted besides
+/// the last one's (prompt logprobs): tokens `first..first + len` of
+/// sequence `seq`'s query tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogitsSpan {
+    /// The sequence's index in the step.
+    pub seq: usize,
+    /// Its first query token wanted (0 is the step's first of the sequence).
+    pub first: usize,
+    /// How many.
+    pub len: usize,
+}
+
+/// Where a runner hands the rows of [`LogitsSpan`]s, one at a time:
+/// `(span index, row within the span, logits row)`.
+pub type LogitsSink<'a> = dyn FnMut(usize, usize, &[f32]) + 'a;
 
 /// Why the runner cannot be built or cannot run a step. Input errors name
 /// the sequence and the offending value so a caller can fix its batch.

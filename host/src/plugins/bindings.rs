@@ -318,7 +318,7 @@ pub mod processor {
             with: { "engine:plugins/types@0.1.0": crate::plugins::bindings::types_v0_1 },
         });
     }
-    pub use v0_3::exports::engine::plugins::logits_processor::{Batch, LogitEdits};
+    pub use v0_3::exports::engine::plugins::logits_processor::{Batch, LogitEdits, Vocabulary};
 
     versioned_world!(
         LogitsProcessorPlugin, LogitsProcessorPluginPre, engine_plugins_logits_processor, Hooks;
@@ -337,10 +337,15 @@ pub mod processor {
                 last_tokens, vocab_size
             });
             let edits = $w.engine_plugins_logits_processor().call_process($store, &b)?;
-            Ok(edits.map(|e| {
-                move_fields!(e => LogitEdits {
-                    ban_rows, ban_tokens, bias_rows, bias_tokens, bias_values
-                })
+            Ok(edits.map(|e| LogitEdits {
+                ban_rows: e.ban_rows,
+                ban_tokens: e.ban_tokens,
+                bias_rows: e.bias_rows,
+                bias_tokens: e.bias_tokens,
+                bias_values: e.bias_values,
+                // Allow-masks are 0.3's.
+                mask_rows: Vec::new(),
+                mask_words: Vec::new(),
             }))
         }};
     }
@@ -358,6 +363,20 @@ pub mod processor {
                     .call_process(store, batch),
                 LogitsProcessorPlugin::V0_2(w) => old_process!(v0_2, w, store, batch),
                 LogitsProcessorPlugin::V0_1(w) => old_process!(v0_1, w, store, batch),
+            }
+        }
+
+        /// `set-vocabulary` (0.3): older plugins never get it.
+        pub fn call_set_vocabulary(
+            &self,
+            store: &mut Store<StoreState>,
+            vocab: &Vocabulary,
+        ) -> wasmtime::Result<Result<(), String>> {
+            match self.0 {
+                LogitsProcessorPlugin::V0_3(w) => w
+                    .engine_plugins_logits_processor()
+                    .call_set_vocabulary(store, vocab),
+                LogitsProcessorPlugin::V0_2(_) | LogitsProcessorPlugin::V0_1(_) => Ok(Ok(())),
             }
         }
     }

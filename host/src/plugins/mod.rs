@@ -49,7 +49,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use error::PluginError;
-pub use processor::{LogitsProcessors, Row};
+pub use processor::{LogitsProcessors, Row, Vocabulary};
 pub use registry::{OptionInfo, PluginHost, PluginInfo, SUPPORTED_WIT};
 pub use runtime::{Limits, PluginRuntime};
 pub use sampler::SamplerPlugin;

@@ -4,14 +4,22 @@
 //! plus the sparse edits that come back; the full logits never cross.
 //!
 //! Edits are validated whole before any is applied (rows in range, token ids
-//! below the vocabulary, finite biases, parallel lists of equal length), so
-//! a bad answer changes nothing. A fault (trap, overrun, invalid edits, an
+//! below the vocabulary, finite biases, parallel lists of equal length,
+//! allow-masks of `ceil(vocab / 64)` words that allow at least one token),
+//! so a bad answer changes nothing.
+//!
+//! A 0.3 processor also learns the model's vocabulary ([`Vocabulary`], which
+//! the worker receives from the engine, since only the engine holds the
+//! tokenizer) through `set-vocabulary`: once when it is given, and again
+//! before the next `process` after a fault recreated the instance. A fault (trap, overrun, invalid edits, an
 //! error returned) is logged with the plugin's name and the instance is
 //! recreated; then, under `on_error = "fallback"`, the step is sampled
 //! without that plugin's edits, and under `"fail"` the step fails with the
 //! error.
 
-use super::bindings::processor::{Batch, LogitEdits, LogitsProcessorPlugin};
+use std::sync::Arc;
+
+use super::bindings::processor::{self as wit, Batch, LogitEdits, LogitsProcessorPlugin};
 use super::instance::Sandboxed;
 use super::live::{LiveRequests, Pending};
 use super::{OnError, PluginError};
@@ -29,12 +37,107 @@ pub struct Row {
     pub logits_row: usize,
 }
 
+/// The served model's vocabulary as the engine sends it to the workers
+/// (JSON over `collective_rpc`'s `set_vocabulary`): every token's bytes
+/// flat, with each token's end offset, the special ids and EOS. What a 0.3
+/// logits processor's `set-vocabulary` receives.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Vocabulary {
+    /// Every token's bytes, concatenated in id order.
+    pub token_bytes: Vec<u8>,
+    /// Token `i` ends at `token_ends[i]` (and starts where `i - 1` ends).
+    pub token_ends: Vec<u32>,
+    /// The special (control) tokens' ids, ascending.
+    pub special_ids: Vec<u32>,
+    /// The end-of-sequence token.
+    pub eos: Option<u32>,
+}
+
+impl Vocabulary {
+    /// Builds it from each token's bytes and whether it is special.
+    pub fn from_tokens<'a>(
+        tokens: impl IntoIterator<Item = (&'a [u8], bool)>,
+        eos: Option<u32>,
+    ) -> Vocabulary {
+        let mut v = Vocabulary {
+            token_bytes: Vec::new(),
+            token_ends: Vec::new(),
+            special_ids: Vec::new(),
+            eos,
+        };
+        for (id, (bytes, special)) in tokens.into_iter().enumerate() {
+            v.token_bytes.extend_from_slice(bytes);
+            v.token_ends.push(v.token_bytes.len() as u32);
+            if special {
+                v.special_ids.push(id as u32);
+            }
+        }
+        v
+    }
+
+    /// Tokens it describes.
+    pub fn len(&self) -> usize {
+        self.token_ends.len()
+    }
+
+    /// Whether it describes no token.
+    pub fn is_empty(&self) -> bool {
+        self.token_ends.is_empty()
+    }
+
+    /// Token `id`'s bytes.
+    pub fn token(&self, id: u32) -> Option<&[u8]> {
+        let i = id as usize;
+        let end = *self.token_ends.get(i)? as usize;
+        let start = if i == 0 {
+            0
+        } else {
+            self.token_ends[i - 1] as usize
+        };
+        self.token_bytes.get(start..end)
+    }
+
+    /// Checks the offsets and ids are consistent.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.token_ends.windows(2).any(|w| w[0] > w[1]) {
+            return Err("token_ends is not ascending".into());
+        }
+        if self.token_ends.last().map_or(0, |&e| e as usize) != self.token_bytes.len() {
+            return Err("the last token end is not the length of token_bytes".into());
+        }
+        let n = self.len();
+        if let Some(id) = self
+            .special_ids
+            .iter()
+            .chain(&self.eos)
+            .find(|&&id| id as usize >= n)
+        {
+            return Err(format!(
+                "token id {id} is not below the vocabulary's {n} tokens"
+            ));
+        }
+        Ok(())
+    }
+
+    fn to_wit(&self) -> wit::Vocabulary {
+        wit::Vocabulary {
+            token_bytes: self.token_bytes.clone(),
+            token_ends: self.token_ends.clone(),
+            special_ids: self.special_ids.clone(),
+            eos: self.eos,
+        }
+    }
+}
+
 /// One logits-processor plugin and what it has been told.
 struct Processor {
     plugin: Sandboxed<LogitsProcessorPlugin>,
     /// Requests entered and left since its last call.
     pending: Pending,
     batch: Batch,
+    /// The fault count when the vocabulary was last given (the instance
+    /// that got it); a different count means a recreated instance.
+    vocabulary_told: Option<u64>,
 }
 
 /// The configured logits processors, in order, with the live requests'
@@ -43,6 +146,8 @@ pub struct LogitsProcessors {
     processors: Vec<Processor>,
     on_error: OnError,
     live: LiveRequests,
+    /// The model's vocabulary, for 0.3 processors, once given.
+    vocabulary: Option<Arc<wit::Vocabulary>>,
 }
 
 impl std::fmt::Debug for LogitsProcessors {
@@ -78,13 +183,31 @@ impl LogitsProcessors {
                 plugin,
                 pending: Pending::default(),
                 batch: empty_batch(),
+                vocabulary_told: None,
             })
             .collect();
         LogitsProcessors {
             processors,
             on_error,
             live: LiveRequests::default(),
+            vocabulary: None,
         }
+    }
+
+    /// Gives every 0.3 processor the model's vocabulary (`set-vocabulary`);
+    /// a processor's error refuses the configuration. Given again to an
+    /// instance recreated after a fault, before its next `process`.
+    pub fn set_vocabulary(&mut self, vocabulary: &Vocabulary) -> Result<(), PluginError> {
+        vocabulary
+            .validate()
+            .map_err(|e| PluginError::Config(format!("invalid vocabulary: {e}")))?;
+        let vocab = Arc::new(vocabulary.to_wit());
+        for p in &mut self.processors {
+            p.vocabulary_told = None;
+            tell_vocabulary(p, &vocab)?;
+        }
+        self.vocabulary = Some(vocab);
+        Ok(())
     }
 
     /// The plugins' qualified names, in application order.
@@ -113,6 +236,17 @@ impl LogitsProcessors {
         vocab: usize,
     ) -> Result<(), PluginError> {
         for p in &mut self.processors {
+            if let Some(vocab) = &self.vocabulary {
+                if let Err(e) = tell_vocabulary(p, vocab) {
+                    match self.on_error {
+                        OnError::Fail => return Err(e),
+                        OnError::Fallback => {
+                            tracing::warn!("{e}; sampling this step without its edits");
+                            continue;
+                        }
+                    }
+                }
+            }
             p.pending.resync(p.plugin.faults(), &self.live);
             let b = &mut p.batch;
             std::mem::swap(&mut b.added_ids, &mut p.pending.added_ids);
@@ -166,6 +300,32 @@ impl LogitsProcessors {
     }
 }
 
+/// Calls `set-vocabulary` unless this instance was already told.
+fn tell_vocabulary(p: &mut Processor, vocab: &wit::Vocabulary) -> Result<(), PluginError> {
+    let faults = p.plugin.faults();
+    if p.vocabulary_told == Some(faults) {
+        return Ok(());
+    }
+    let told = p.plugin.call("set-vocabulary", |w, s| {
+        w.engine_plugins_logits_processor()
+            .call_set_vocabulary(s, vocab)
+    })?;
+    match told {
+        Ok(()) => {
+            p.vocabulary_told = Some(faults);
+            Ok(())
+        }
+        Err(message) => Err(p
+            .plugin
+            .fault("set-vocabulary", format!("returned an error: {message}"))),
+    }
+}
+
+/// 64-bit words in one row's allow-mask over `vocab` tokens.
+pub fn mask_words_per_row(vocab: usize) -> usize {
+    vocab.div_ceil(64)
+}
+
 /// Checks every edit before any is applied.
 fn validate(e: &LogitEdits, rows: usize, vocab: usize) -> Result<(), String> {
     if e.ban_rows.len() != e.ban_tokens.len() {
@@ -191,15 +351,73 @@ fn validate(e: &LogitEdits, rows: usize, vocab: usize) -> Result<(), String> {
     if let Some(v) = e.bias_values.iter().find(|v| !v.is_finite()) {
         return Err(format!("bias {v} is not finite (ban the token instead)"));
     }
+    validate_masks(e, rows, vocab)
+}
+
+/// Checks the allow-masks: `mask_words_per_row(vocab)` words per masked
+/// row, rows in range, and at least one token below `vocab` allowed.
+fn validate_masks(e: &LogitEdits, rows: usize, vocab: usize) -> Result<(), String> {
+    let w = mask_words_per_row(vocab);
+    if e.mask_words.len() != e.mask_rows.len() * w {
+        return Err(format!(
+            "{} mask words for {} masked rows; each mask has {w} words (vocabulary size {vocab})",
+            e.mask_words.len(),
+            e.mask_rows.len()
+        ));
+    }
+    // Bits at or past `vocab` in the last word are ignored.
+    let last = match vocab % 64 {
+        0 => u64::MAX,
+        r => (1u64 << r) - 1,
+    };
+    for (j, (&r, words)) in e
+        .mask_rows
+        .iter()
+        .zip(e.mask_words.chunks(w.max(1)))
+        .enumerate()
+    {
+        if r as usize >= rows {
+            return Err(format!("mask row {r} is out of range (batch of {rows})"));
+        }
+        let (&tail, body) = words.split_last().unwrap_or((&0, &[]));
+        if body.iter().all(|&x| x == 0) && tail & last == 0 {
+            return Err(format!(
+                "mask {j} (row {r}) allows no token: at least one must stay allowed"
+            ));
+        }
+    }
     Ok(())
 }
 
 fn apply_edits(e: &LogitEdits, rows: &[Row], logits: &mut [f32], vocab: usize) {
+    let w = mask_words_per_row(vocab);
+    for (&r, words) in e.mask_rows.iter().zip(e.mask_words.chunks(w.max(1))) {
+        let row = rows[r as usize].logits_row;
+        apply_mask(words, &mut logits[row * vocab..(row + 1) * vocab]);
+    }
     for (&r, &t) in e.ban_rows.iter().zip(&e.ban_tokens) {
         logits[rows[r as usize].logits_row * vocab + t as usize] = f32::NEG_INFINITY;
     }
     for ((&r, &t), &v) in e.bias_rows.iter().zip(&e.bias_tokens).zip(&e.bias_values) {
         logits[rows[r as usize].logits_row * vocab + t as usize] += v;
+    }
+}
+
+/// Sets every logit whose bit in `words` is clear to -infinity.
+fn apply_mask(words: &[u64], logits: &mut [f32]) {
+    for (chunk, &word) in logits.chunks_mut(64).zip(words) {
+        if word == u64::MAX {
+            continue;
+        }
+        if word == 0 {
+            chunk.fill(f32::NEG_INFINITY);
+            continue;
+        }
+        for (i, x) in chunk.iter_mut().enumerate() {
+            if word >> i & 1 == 0 {
+                *x = f32::NEG_INFINITY;
+            }
+        }
     }
 }
 
@@ -214,7 +432,86 @@ mod tests {
             bias_rows: bias.iter().map(|b| b.0).collect(),
             bias_tokens: bias.iter().map(|b| b.1).collect(),
             bias_values: bias.iter().map(|b| b.2).collect(),
+            mask_rows: Vec::new(),
+            mask_words: Vec::new(),
         }
+    }
+
+    /// A mask over `vocab` tokens allowing `allowed`.
+    fn mask(vocab: usize, allowed: &[u32]) -> Vec<u64> {
+        let mut words = vec![0u64; mask_words_per_row(vocab)];
+        for &t in allowed {
+            words[t as usize / 64] |= 1 << (t % 64);
+        }
+        words
+    }
+
+    #[test]
+    fn a_mask_leaves_only_its_tokens() {
+        let vocab = 130;
+        let rows = [
+            Row {
+                id: 1,
+                num_output_tokens: 0,
+                last_token: 0,
+                logits_row: 1,
+            },
+            Row {
+                id: 2,
+                num_output_tokens: 0,
+                last_token: 0,
+                logits_row: 0,
+            },
+        ];
+        let mut logits = vec![1.0f32; 2 * vocab];
+        let mut e = edits(&[(0, 5)], &[(0, 129, 0.5)]);
+        e.mask_rows = vec![0];
+        e.mask_words = mask(vocab, &[5, 64, 129]);
+        validate(&e, 2, vocab).unwrap();
+        apply_edits(&e, &rows, &mut logits, vocab);
+        // Row 0 of the batch is logits row 1; logits row 0 is untouched.
+        assert!(logits[..vocab].iter().all(|&x| x == 1.0));
+        let row = &logits[vocab..];
+        let finite: Vec<usize> = (0..vocab).filter(|&t| row[t].is_finite()).collect();
+        assert_eq!(finite, [64, 129], "5 is allowed by the mask but banned");
+        assert_eq!(row[129], 1.5);
+    }
+
+    #[test]
+    fn invalid_masks_are_named() {
+        let vocab = 130;
+        let mut e = edits(&[], &[]);
+        e.mask_rows = vec![0];
+        e.mask_words = mask(vocab, &[1]);
+        validate(&e, 1, vocab).unwrap();
+        // Wrong length: a 128-token mask for 130 tokens.
+        e.mask_words = mask(128, &[1]);
+        let err = validate(&e, 1, vocab).unwrap_err();
+        assert!(err.contains("each mask has 3 words"), "{err}");
+        // Nothing allowed (a bit past the vocabulary does not count).
+        e.mask_words = mask(192, &[130, 191]);
+        let err = validate(&e, 1, vocab).unwrap_err();
+        assert!(err.contains("allows no token"), "{err}");
+        // A row past the batch.
+        e.mask_words = mask(vocab, &[1]);
+        e.mask_rows = vec![1];
+        let err = validate(&e, 1, vocab).unwrap_err();
+        assert!(err.contains("mask row 1"), "{err}");
+    }
+
+    #[test]
+    fn vocabulary_offsets_round_trip() {
+        let toks: [(&[u8], bool); 3] = [(b"<s>", true), (b"ab", false), (b"", false)];
+        let v = Vocabulary::from_tokens(toks, Some(0));
+        v.validate().unwrap();
+        assert_eq!(v.len(), 3);
+        assert_eq!(v.token(1), Some(&b"ab"[..]));
+        assert_eq!(v.token(2), Some(&b""[..]));
+        assert_eq!(v.token(3), None);
+        assert_eq!(v.special_ids, [0]);
+        let mut bad = v.clone();
+        bad.eos = Some(3);
+        assert!(bad.validate().unwrap_err().contains("token id 3"));
     }
 
     #[test]

@@ -57,6 +57,11 @@ pub struct SamplingParams {
     /// Number of top log-probabilities to return per generated token (at most 20);
     /// `None` returns none. The sampled token's own logprob is always computed.
     pub logprobs: Option<u32>,
+    /// Number of top log-probabilities to return per prompt token (at most
+    /// 20), besides the prompt token's own; `None` returns none. Computed in
+    /// the prefill, so a request asking for them never reuses cached prefix
+    /// blocks (every prompt position is computed).
+    pub prompt_logprobs: Option<u32>,
     /// Leave special tokens out of the detokenized text; default true.
     pub skip_special_tokens: bool,
     /// Free-form arguments for sampler plugins; the built-in sampler ignores them.
@@ -110,6 +115,7 @@ impl Default for SamplingParams {
             ignore_eos: false,
             include_stop_str_in_output: false,
             logprobs: None,
+            prompt_logprobs: None,
             skip_special_tokens: true,
             extra_args: None,
         }
@@ -206,13 +212,12 @@ impl SamplingParams {
         if let Some(s) = self.stop.iter().find(|s| s.is_empty()) {
             return Err(out_of_range("stop", s, "a list of non-empty strings"));
         }
-        if let Some(k) = self.logprobs {
-            if k > MAX_LOGPROBS {
-                return Err(out_of_range(
-                    "logprobs",
-                    k,
-                    format!("in [0, {MAX_LOGPROBS}]"),
-                ));
+        for (field, k) in [
+            ("logprobs", self.logprobs),
+            ("prompt_logprobs", self.prompt_logprobs),
+        ] {
+            if let Some(k) = k.filter(|&k| k > MAX_LOGPROBS) {
+                return Err(out_of_range(field, k, format!("in [0, {MAX_LOGPROBS}]")));
             }
         }
         Ok(())

@@ -213,7 +213,13 @@ impl Scheduler {
                 // resumes once that token has arrived.
                 continue;
             }
-            let computed = self.kv.get_computed_blocks(&mut req.kv, &req.all_token_ids);
+            // A request that wants prompt logprobs computes every prompt
+            // position, so it takes no prefix-cache hit (as in vLLM).
+            let computed = if req.sampling_params.prompt_logprobs.is_some() {
+                ComputedBlocks::default()
+            } else {
+                self.kv.get_computed_blocks(&mut req.kv, &req.all_token_ids)
+            };
             let missing = req.num_tokens() - computed.num_tokens;
             let capped = self.cap_long_prefill(missing);
             let req = req_mut(&mut self.slots, h);

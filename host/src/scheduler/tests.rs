@@ -486,6 +486,31 @@ fn handles_are_reused_only_after_their_finish_was_reported() {
 }
 
 #[test]
+fn a_request_asking_for_prompt_logprobs_computes_its_whole_prompt() {
+    // The second request shares the first one's 32-token prefix, but asks
+    // for prompt logprobs: every prompt position is computed (as in vLLM).
+    let mut s = Scheduler::new(config(64, 16)).unwrap();
+    let prompt: Vec<u32> = (1000..1040).collect();
+    s.add_request(Request::new("a", prompt.clone(), params(2), 0.0, 0))
+        .unwrap();
+    step(&mut s, 7);
+    let wants = SamplingParams {
+        prompt_logprobs: Some(1),
+        ..params(2)
+    };
+    s.add_request(Request::new("b", prompt.clone(), wants, 1.0, 0))
+        .unwrap();
+    let (out, _) = step(&mut s, 7);
+    assert_eq!(out.scheduled_new_reqs[0].num_computed_tokens, 0);
+    assert!(scheduled(&out).contains(&(out.scheduled_new_reqs[0].handle.0, 40)));
+    // A third without them still hits the cache.
+    s.add_request(Request::new("c", prompt, params(2), 2.0, 0))
+        .unwrap();
+    let (out, _) = step(&mut s, 7);
+    assert_eq!(out.scheduled_new_reqs[0].num_computed_tokens, 32);
+}
+
+#[test]
 fn shared_prefixes_hit_the_cache() {
     // Ten requests share a 64-token system prefix (4 blocks of 16) and add 8
     // tokens of their own; each arrives after the previous one's prefill, so

@@ -56,6 +56,12 @@ pub async fn create(
         .encode(&text, req.add_special_tokens)
         .map_err(|e| ApiError::field("messages", e))?;
     let sampling: SamplingRequest = params::typed(&body)?;
+    if req.stream && sampling.prompt_logprobs.is_some() {
+        return Err(ApiError::field(
+            "prompt_logprobs",
+            "is not available with `stream: true` (as in vLLM)",
+        ));
+    }
     // As in vLLM, an unset max_tokens lets the answer run to the context's end.
     let defaulted = sampling.max_tokens.is_none() && sampling.max_completion_tokens.is_none();
     let params =
@@ -88,8 +94,17 @@ pub async fn create(
         return Ok(sse::stream(app.clone(), seqs, format, include_usage));
     }
     let (choices, usage) = generate::collect(&app, seqs).await?;
+    // vLLM gives the prompt's logprobs once, beside the choices.
+    let prompt_logprobs = params.prompt_logprobs.map(|k| {
+        let entries = choices.first().and_then(|c| c.prompt_logprobs.as_deref());
+        generate::prompt_logprobs_json(&app.tokenizer, entries.unwrap_or_default(), k)
+    });
     let choices: Vec<Value> = choices.iter().map(|c| format.choice(c)).collect();
-    Ok(Json(format.object("chat.completion", choices, Some(usage))).into_response())
+    let mut object = format.object("chat.completion", choices, Some(usage));
+    if let Some(p) = prompt_logprobs {
+        object["prompt_logprobs"] = p;
+    }
+    Ok(Json(object).into_response())
 }
 
 /// Words the answer's objects.

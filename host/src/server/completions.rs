@@ -1,7 +1,15 @@
 //! `POST /v1/completions`: prompts (text or token ids, one or a batch) in,
 //! `text_completion` objects or their stream chunks out.
+//!
+//! `echo` prepends each choice's prompt to its text (in a stream, to its
+//! first chunk) and, with `logprobs`, the prompt tokens' logprobs to its
+//! logprobs (the first `null`, as OpenAI's legacy API has it); with
+//! `max_tokens: 0` the choice is its prompt alone (a scoring request).
+//! vLLM's `prompt_logprobs` adds a `prompt_logprobs` list to each choice.
+//! Both come from the prefill the request runs anyway (the engine computes
+//! the LM head on the prompt positions of the requests that ask).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -12,14 +20,14 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::fields::{self, Endpoint};
-use super::generate::{self, token_text, Choice};
+use super::generate::{self, clamp_logprob, prompt_logprobs_json, token_text, Choice};
 use super::limits;
 use super::params::{self, PromptInput};
 use super::protocol::{CompletionRequest, SamplingRequest, Usage};
 use super::sse::{self, ChunkFormat};
 use super::AppState;
 use crate::engine::Delta;
-use crate::step::Logprobs;
+use crate::step::{Logprobs, PromptLogprob};
 use crate::tokenizer::Tokenizer;
 
 /// vLLM's and OpenAI's default `max_tokens` for completions.
@@ -36,9 +44,38 @@ pub async fn create(
     fields::check_fields(&body, Endpoint::Completions)?;
     let req: CompletionRequest = params::typed(&body)?;
     app.check_model(req.model.as_deref())?;
-    let sampling: SamplingRequest = params::typed(&body)?;
-    let params = params::sampling_params(&sampling, req.logprobs, DEFAULT_MAX_TOKENS)?;
-    let prompts = params::prompts_of(&req.prompt)?
+    let mut sampling: SamplingRequest = params::typed(&body)?;
+    if req.stream && sampling.prompt_logprobs.is_some() {
+        return Err(ApiError::field(
+            "prompt_logprobs",
+            "is not available with `stream: true` (as in vLLM); `echo` with `logprobs` streams the prompt's",
+        ));
+    }
+    // `max_tokens: 0` with `echo` scores the prompt: the engine runs one
+    // token (its least) and the answer leaves it out.
+    let prompt_only = req.echo && sampling.max_completion_tokens.or(sampling.max_tokens) == Some(0);
+    if prompt_only {
+        sampling.max_completion_tokens = None;
+        sampling.max_tokens = Some(1);
+    }
+    let mut params = params::sampling_params(&sampling, req.logprobs, DEFAULT_MAX_TOKENS)?;
+    // Echoed logprobs are the prompt logprobs, computed in the prefill.
+    if let Some(k) = req.logprobs.filter(|_| req.echo) {
+        params.prompt_logprobs = Some(params.prompt_logprobs.map_or(k, |p| p.max(k)));
+    }
+    let inputs = params::prompts_of(&req.prompt)?;
+    let echo_texts: Vec<String> = if req.echo {
+        inputs
+            .iter()
+            .map(|p| match p {
+                PromptInput::Text(text) => text.clone(),
+                PromptInput::Tokens(ids) => app.tokenizer.decode(ids, false).unwrap_or_default(),
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let prompts = inputs
         .into_iter()
         .map(|p| app.tokenize_prompt(p, req.add_special_tokens))
         .collect::<Result<Vec<_>, _>>()?;
@@ -53,18 +90,32 @@ pub async fn create(
         limits::check_context(&field, prompt.len(), max_tokens, max_model_len)?;
     }
     let id = app.next_request_id("cmpl");
-    let seqs = generate::start(&app, &id, prompts, &params, sampling.priority.unwrap_or(0)).await?;
+    let echo = req.echo.then(|| Echo {
+        texts: echo_texts,
+        token_ids: prompts.clone(),
+        n: params.n.max(1) as usize,
+    });
+    let mut seqs =
+        generate::start(&app, &id, prompts, &params, sampling.priority.unwrap_or(0)).await?;
+    if prompt_only {
+        seqs.iter_mut()
+            .for_each(generate::Sequence::set_prompt_only);
+    }
     let format = Format {
         id,
         created: super::unix_now(),
         app: app.clone(),
+        logprobs: req.logprobs,
+        prompt_logprobs: sampling.prompt_logprobs,
+        echo,
+        echoed: Mutex::new(Vec::new()),
     };
     if req.stream {
         let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
         return Ok(sse::stream(app.clone(), seqs, format, include_usage));
     }
     let (choices, usage) = generate::collect(&app, seqs).await?;
-    let choices: Vec<Value> = choices.iter().map(|c| format.choice(c)).collect();
+    let choices: Vec<Value> = choices.iter().map(|c| format.choice(c, true)).collect();
     Ok(Json(format.object(choices, Some(usage))).into_response())
 }
 
@@ -96,11 +147,29 @@ impl AppState {
     }
 }
 
+/// What `echo` prepends: each prompt's text and tokens.
+struct Echo {
+    /// The prompts as sent (token-id prompts decoded).
+    texts: Vec<String>,
+    /// Their tokens.
+    token_ids: Vec<Vec<u32>>,
+    /// Choices per prompt: choice `i` answers prompt `i / n`.
+    n: usize,
+}
+
 /// Words the answer's objects.
 struct Format {
     id: String,
     created: u64,
     app: Arc<AppState>,
+    /// The request's `logprobs`.
+    logprobs: Option<u32>,
+    /// The request's `prompt_logprobs`.
+    prompt_logprobs: Option<u32>,
+    /// The prompts, when the request asked for `echo`.
+    echo: Option<Echo>,
+    /// Which choices' streams have echoed their prompt, by index.
+    echoed: Mutex<Vec<bool>>,
 }
 
 impl Format {
@@ -115,24 +184,80 @@ impl Format {
         })
     }
 
-    fn choice(&self, c: &Choice) -> Value {
+    /// Choice `c`, its prompt echoed first when `echo_now` (the whole
+    /// answer, or a stream's first chunk of the choice) and asked for.
+    fn choice(&self, c: &Choice, echo_now: bool) -> Value {
         let finish = c.finish.as_ref();
-        json!({
+        let echo = self.echo.as_ref().filter(|_| echo_now);
+        let prompt = echo.map(|e| {
+            let p = (c.index / e.n).min(e.token_ids.len().saturating_sub(1));
+            (e.texts.get(p), e.token_ids.get(p))
+        });
+        let text = match prompt {
+            Some((Some(p), _)) => format!("{p}{}", c.text),
+            _ => c.text.clone(),
+        };
+        let echoed_ids = prompt
+            .and_then(|(_, ids)| ids)
+            .filter(|_| self.logprobs.is_some());
+        let logprobs = (!c.logprobs.is_empty() || echoed_ids.is_some()).then(|| {
+            let empty = Vec::new();
+            let prompt_lps = c.prompt_logprobs.as_ref().unwrap_or(&empty);
+            self.logprobs(echoed_ids, prompt_lps, &c.token_ids, &c.logprobs)
+        });
+        let mut choice = json!({
             "index": c.index,
-            "text": c.text,
-            "logprobs": (!c.logprobs.is_empty()).then(|| self.logprobs(&c.token_ids, &c.logprobs)),
+            "text": text,
+            "logprobs": logprobs,
             "finish_reason": finish.map(|f| f.finish_reason.clone()),
             "stop_reason": finish.and_then(|f| f.stop_reason.clone()),
-        })
+        });
+        if let (Some(k), Some(entries)) = (self.prompt_logprobs, &c.prompt_logprobs) {
+            choice["prompt_logprobs"] = prompt_logprobs_json(self.tokenizer(), entries, k);
+        }
+        choice
     }
 
     /// OpenAI's legacy logprobs object: parallel lists of tokens, their
     /// logprobs, the top alternatives (token → logprob) and text offsets.
-    fn logprobs(&self, ids: &[u32], logprobs: &[Logprobs]) -> Value {
-        let tokens: Vec<String> = ids
-            .iter()
-            .map(|&t| token_text(self.tokenizer(), t))
-            .collect();
+    /// With an echoed prompt, its tokens come first: the first with `null`s
+    /// (nothing precedes it), the others with their prompt logprobs and
+    /// the prompt token itself among the alternatives (as vLLM gives them).
+    fn logprobs(
+        &self,
+        prompt: Option<&Vec<u32>>,
+        prompt_lps: &[PromptLogprob],
+        ids: &[u32],
+        logprobs: &[Logprobs],
+    ) -> Value {
+        let k = self.logprobs.unwrap_or(0) as usize;
+        let tok = |t: u32| token_text(self.tokenizer(), t);
+        let mut tokens = Vec::new();
+        let mut token_logprobs = Vec::new();
+        let mut top = Vec::new();
+        if let Some(prompt) = prompt {
+            for (i, &t) in prompt.iter().enumerate() {
+                tokens.push(tok(t));
+                // Entry j is prompt token j + 1's.
+                let lp = i.checked_sub(1).and_then(|j| prompt_lps.get(j));
+                token_logprobs.push(lp.map_or(Value::Null, |e| json!(clamp_logprob(e.logprob))));
+                top.push(lp.map_or(Value::Null, |e| {
+                    let mut m = serde_json::Map::with_capacity(k + 1);
+                    m.insert(tok(e.token), json!(clamp_logprob(e.logprob)));
+                    for &(t, l) in e.top.iter().take(k) {
+                        m.entry(tok(t)).or_insert_with(|| json!(clamp_logprob(l)));
+                    }
+                    Value::Object(m)
+                }));
+            }
+        }
+        tokens.extend(ids.iter().map(|&t| tok(t)));
+        token_logprobs.extend(logprobs.iter().map(|lp| json!(lp.logprob)));
+        top.extend(
+            logprobs
+                .iter()
+                .map(|lp| Value::Object(lp.top.iter().map(|&(t, l)| (tok(t), json!(l))).collect())),
+        );
         let mut offset = 0;
         let text_offset: Vec<usize> = tokens
             .iter()
@@ -142,18 +267,9 @@ impl Format {
                 at
             })
             .collect();
-        let top: Vec<serde_json::Map<String, Value>> = logprobs
-            .iter()
-            .map(|lp| {
-                lp.top
-                    .iter()
-                    .map(|&(t, l)| (token_text(self.tokenizer(), t), json!(l)))
-                    .collect()
-            })
-            .collect();
         json!({
             "tokens": tokens,
-            "token_logprobs": logprobs.iter().map(|lp| lp.logprob).collect::<Vec<_>>(),
+            "token_logprobs": token_logprobs,
             "top_logprobs": top,
             "text_offset": text_offset,
         })
@@ -171,9 +287,18 @@ impl ChunkFormat for Format {
             text: delta.text.clone(),
             token_ids: delta.token_ids.clone(),
             logprobs: delta.logprobs.clone(),
+            prompt_logprobs: delta.prompt_logprobs.clone(),
             finish: delta.finish.clone(),
         };
-        self.object(vec![self.choice(&choice)], None)
+        // The prompt is echoed in each choice's first chunk.
+        let first = self.echo.is_some() && {
+            let mut echoed = self.echoed.lock().unwrap_or_else(|e| e.into_inner());
+            if echoed.len() <= index {
+                echoed.resize(index + 1, false);
+            }
+            !std::mem::replace(&mut echoed[index], true)
+        };
+        self.object(vec![self.choice(&choice, first)], None)
     }
 
     fn usage(&self, usage: Usage) -> Value {

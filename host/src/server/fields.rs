@@ -85,10 +85,8 @@ const UNSUPPORTED: &[(&str, Neutral, &str)] = &[
     ("tool_choice", no_forced_call, TOOLS),
     ("functions", unset, TOOLS),
     ("function_call", no_forced_call, TOOLS),
-    ("echo", unset, "echoing the prompt is not supported; the client has it already"),
     ("suffix", unset, "suffixes (fill in the middle) are not supported"),
     ("prompt_embeds", unset, "prompt embeddings are not supported; send text or token ids"),
-    ("prompt_logprobs", unset, "prompt logprobs are not supported; `logprobs` gives the generated tokens'"),
     ("truncate_prompt_tokens", unset, "prompt truncation is not supported; shorten the prompt"),
     ("best_of", unset_or_one, "best_of other than 1 is not supported; use n for more choices"),
     ("use_beam_search", unset, "beam search is not supported"),
@@ -132,6 +130,14 @@ const UNSUPPORTED: &[(&str, Neutral, &str)] = &[
     ("request_id", unset, "client-chosen request ids are not supported; the server assigns the answer's `id`"),
     ("store", unset, "stored completions are not supported"),
 ];
+
+/// Fields vLLM defines on the chat endpoint that only the completions
+/// endpoint implements here: refused unless neutral.
+const UNSUPPORTED_IN_CHAT: &[Unsupported] = &[(
+    "echo",
+    unset,
+    "echoing the last message is not supported on chat completions; /v1/completions echoes prompts",
+)];
 
 /// Fields OpenAI or vLLM define that cannot change the answer here, so any
 /// value is accepted: identifiers of the caller, a caching hint, a billing
@@ -193,6 +199,11 @@ pub fn check_fields(body: &Value, endpoint: Endpoint) -> Result<(), ApiError> {
         ));
     }
     if endpoint == Endpoint::Chat {
+        for (field, neutral, why) in UNSUPPORTED_IN_CHAT {
+            if body.get(*field).is_some_and(|v| !neutral(v)) {
+                return Err(ApiError::field(field, why));
+            }
+        }
         check_message_fields(body)?;
     }
     let (names, count) = ignored_fields(body, endpoint);
@@ -291,6 +302,7 @@ fn ignored_fields(body: &Value, endpoint: Endpoint) -> (Vec<String>, usize) {
             || sampling.contains(&k)
             || HARMLESS.contains(&k)
             || UNSUPPORTED.iter().any(|(f, ..)| *f == k)
+            || (endpoint == Endpoint::Chat && UNSUPPORTED_IN_CHAT.iter().any(|(f, ..)| *f == k))
     };
     let top = body
         .as_object()
@@ -379,10 +391,8 @@ mod tests {
             ("tool_choice", json!({"type": "function"}), json!("none")),
             ("functions", json!([{"name": "f"}]), json!(null)),
             ("function_call", json!({"name": "f"}), json!("none")),
-            ("echo", json!(true), json!(false)),
             ("suffix", json!("end"), json!("")),
             ("prompt_embeds", json!("AAAA"), json!(null)),
-            ("prompt_logprobs", json!(0), json!(null)),
             ("truncate_prompt_tokens", json!(5), json!(null)),
             ("best_of", json!(2), json!(1)),
             ("use_beam_search", json!(true), json!(false)),
@@ -452,6 +462,19 @@ mod tests {
             let body = json!({"messages": [{"role": "user", "content": "a", field: null}]});
             assert!(check_fields(&body, Endpoint::Chat).is_ok(), "{body}");
         }
+    }
+
+    #[test]
+    fn echo_is_a_completions_field_and_prompt_logprobs_a_sampling_one() {
+        let body = json!({"prompt": "p", "echo": true, "prompt_logprobs": 2});
+        assert!(check_fields(&body, Endpoint::Completions).is_ok());
+        assert_eq!(ignored_fields(&body, Endpoint::Completions), (vec![], 0));
+        let chat = json!({"messages": [{"role": "user", "content": "hi"}], "echo": true});
+        let e = check_fields(&chat, Endpoint::Chat).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("echo"));
+        let chat = json!({"messages": [], "echo": false, "prompt_logprobs": 0});
+        assert!(check_fields(&chat, Endpoint::Chat).is_ok());
+        assert_eq!(ignored_fields(&chat, Endpoint::Chat), (vec![], 0));
     }
 
     #[test]

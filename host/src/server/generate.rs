@@ -15,8 +15,10 @@ use crate::engine::{
     Delta, EngineCoreError, EngineCoreOutput, EngineCoreRequest, Finish, OutputStream, RequestState,
 };
 use crate::sampling::SamplingParams;
-use crate::step::Logprobs;
+use crate::step::{Logprobs, PromptLogprob};
 use crate::tokenizer::Tokenizer;
+
+use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::params::child_params;
@@ -39,6 +41,9 @@ pub struct Sequence {
     /// Inter-token latencies already handed to the metrics.
     itl_seen: usize,
     done: bool,
+    /// Runs the prompt only (`max_tokens: 0` with `echo`): the one token
+    /// the engine generates is dropped and the choice ends as `length`.
+    prompt_only: bool,
 }
 
 /// Queues one engine request per prompt and choice and waits until the
@@ -80,6 +85,7 @@ pub async fn start(
                 first: None,
                 itl_seen: 0,
                 done: false,
+                prompt_only: false,
             });
         }
     }
@@ -99,6 +105,13 @@ pub async fn start(
 }
 
 impl Sequence {
+    /// Drops what the engine generates: the choice is its prompt only
+    /// (completions' `echo` with `max_tokens: 0`; the engine runs one
+    /// token, the least it runs).
+    pub fn set_prompt_only(&mut self) {
+        self.prompt_only = true;
+    }
+
     /// The next non-empty delta; `None` after the one that finished the
     /// choice. Latencies go to the metrics as they are measured.
     pub async fn next_delta(&mut self, app: &AppState) -> Option<Result<Delta, ApiError>> {
@@ -117,7 +130,7 @@ impl Sequence {
                     return Some(Err(self.fail(e)));
                 }
             };
-            let delta = match self.state.process(&out) {
+            let mut delta = match self.state.process(&out) {
                 Ok(delta) => delta,
                 Err(e) => {
                     return Some(Err(
@@ -125,6 +138,15 @@ impl Sequence {
                     ))
                 }
             };
+            if self.prompt_only {
+                delta.text.clear();
+                delta.token_ids.clear();
+                delta.logprobs.clear();
+                if let Some(f) = delta.finish.as_mut().filter(|f| f.error.is_none()) {
+                    f.finish_reason = "length".into();
+                    f.stop_reason = None;
+                }
+            }
             let itls = &self.state.metrics().inter_token_latencies_s;
             app.metrics.observe_itl(&itls[self.itl_seen..]);
             self.itl_seen = itls.len();
@@ -145,7 +167,11 @@ impl Sequence {
                         .abort_requests(vec![self.stream.request_id().to_string()]);
                 }
             }
-            if !delta.text.is_empty() || !delta.token_ids.is_empty() || delta.finish.is_some() {
+            if !delta.text.is_empty()
+                || !delta.token_ids.is_empty()
+                || delta.finish.is_some()
+                || delta.prompt_logprobs.is_some()
+            {
                 return Some(Ok(delta));
             }
         }
@@ -178,6 +204,9 @@ pub struct Choice {
     pub token_ids: Vec<u32>,
     /// Their logprobs, when asked for.
     pub logprobs: Vec<Logprobs>,
+    /// Logprobs of prompt tokens 1.., once they arrived (with the first
+    /// delta), when asked for.
+    pub prompt_logprobs: Option<Vec<PromptLogprob>>,
     /// Why it ended.
     pub finish: Option<Finish>,
 }
@@ -188,6 +217,9 @@ impl Choice {
         self.text.push_str(&delta.text);
         self.token_ids.extend(delta.token_ids);
         self.logprobs.extend(delta.logprobs);
+        if delta.prompt_logprobs.is_some() {
+            self.prompt_logprobs = delta.prompt_logprobs;
+        }
         if delta.finish.is_some() {
             self.finish = delta.finish;
         }
@@ -224,4 +256,36 @@ pub fn token_text(tokenizer: &Tokenizer, id: u32) -> String {
     tokenizer
         .decode(&[id], false)
         .unwrap_or_else(|_| format!("<token {id}>"))
+}
+
+/// vLLM's `prompt_logprobs` of a choice: `null` for the first prompt token
+/// (nothing precedes it), then for each later one an object keyed by token
+/// id holding the prompt token and the `k` most likely tokens at its
+/// position, each with its `logprob`, `rank` and `decoded_token`.
+pub fn prompt_logprobs_json(tokenizer: &Tokenizer, entries: &[PromptLogprob], k: u32) -> Value {
+    let entry = |t: u32, logprob: f32, rank: u32| {
+        json!({
+            "logprob": clamp_logprob(logprob),
+            "rank": rank,
+            "decoded_token": token_text(tokenizer, t),
+        })
+    };
+    let mut out = Vec::with_capacity(entries.len() + 1);
+    out.push(Value::Null);
+    for e in entries {
+        let mut m = serde_json::Map::with_capacity(k as usize + 1);
+        m.insert(e.token.to_string(), entry(e.token, e.logprob, e.rank));
+        for (i, &(t, l)) in e.top.iter().take(k as usize).enumerate() {
+            m.entry(t.to_string())
+                .or_insert_with(|| entry(t, l, i as u32 + 1));
+        }
+        out.push(Value::Object(m));
+    }
+    Value::Array(out)
+}
+
+/// A logprob as JSON can carry it: -inf (a masked or impossible token)
+/// becomes -9999, as in vLLM and OpenAI.
+pub fn clamp_logprob(l: f32) -> f32 {
+    l.max(-9999.0)
 }

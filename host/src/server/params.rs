@@ -101,6 +101,7 @@ pub fn sampling_params(
             .include_stop_str_in_output
             .unwrap_or(d.include_stop_str_in_output),
         logprobs,
+        prompt_logprobs: req.prompt_logprobs,
         skip_special_tokens: req.skip_special_tokens.unwrap_or(d.skip_special_tokens),
         extra_args,
     };

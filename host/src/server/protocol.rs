@@ -42,6 +42,10 @@ pub struct CompletionRequest {
     /// true, as in vLLM).
     #[serde(default = "yes")]
     pub add_special_tokens: bool,
+    /// Prepend the prompt to each choice's text (and, with `logprobs`, the
+    /// prompt tokens' logprobs to its logprobs, the first `null`).
+    #[serde(default)]
+    pub echo: bool,
 }
 
 /// Message content: a string, or a list of parts of which only `text`
@@ -165,6 +169,10 @@ pub struct SamplingRequest {
     pub vllm_xargs: Option<serde_json::Map<String, Value>>,
     /// Scheduling priority under the priority policy (smaller runs first).
     pub priority: Option<i32>,
+    /// vLLM's prompt logprobs: per prompt token (from the second), its
+    /// logprob and rank and this many most likely tokens (0..=20). Not
+    /// with `stream` (as in vLLM).
+    pub prompt_logprobs: Option<u32>,
 }
 
 impl SamplingRequest {

@@ -12,7 +12,7 @@ mod model_runner_output;
 mod rpc;
 mod scheduler_output;
 
-pub use model_runner_output::{Logprobs, ModelRunnerOutput};
+pub use model_runner_output::{Logprobs, ModelRunnerOutput, PromptLogprob, PromptLogprobs};
 pub use rpc::{RpcReply, RpcRequest, RpcValue};
 pub use scheduler_output::{CachedRequestData, NewRequestData, SchedulerOutput};
 

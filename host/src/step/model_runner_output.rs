@@ -17,6 +17,33 @@ pub struct Logprobs {
     pub top: Vec<(u32, f32)>,
 }
 
+/// One prompt token's logprob under the raw model output, with the most
+/// likely tokens at its position (vLLM's `prompt_logprobs`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PromptLogprob {
+    /// The prompt token.
+    pub token: u32,
+    /// `log_softmax(logits of the previous position)[token]`.
+    pub logprob: f32,
+    /// 1 + the number of tokens more likely than `token` there.
+    pub rank: u32,
+    /// `(token, logprob)` of the `SamplingParams::prompt_logprobs` most
+    /// likely tokens there, most likely first (rank `i + 1`).
+    pub top: Vec<(u32, f32)>,
+}
+
+/// The prompt logprobs one step computed for one request: those of prompt
+/// tokens `start..start + entries.len()` (never token 0, which has no
+/// previous position). A prompt's arrive in order, over the steps of its
+/// chunked prefill, each token once.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PromptLogprobs {
+    /// Index in the prompt of the first token covered (at least 1).
+    pub start: u32,
+    /// One entry per prompt token, in order.
+    pub entries: Vec<PromptLogprob>,
+}
+
 /// One step's sampled tokens.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ModelRunnerOutput {
@@ -30,6 +57,11 @@ pub struct ModelRunnerOutput {
     /// The scheduler finishes them with an error; the others carry on.
     #[serde(default)]
     pub failed: Vec<(ReqHandle, String)>,
+    /// The prompt logprobs computed this step, for the requests that asked
+    /// for them (`SamplingParams::prompt_logprobs`) and prefilled part of
+    /// their prompt; a request is listed at most once.
+    #[serde(default)]
+    pub prompt_logprobs: Vec<(ReqHandle, PromptLogprobs)>,
 }
 
 impl ModelRunnerOutput {

@@ -83,7 +83,11 @@ impl TokenPieces {
 
     /// The bytes `id` contributes to the text: `None` for a special token
     /// when `skip_special_tokens`.
-    fn bytes(&self, id: u32, skip_special_tokens: bool) -> Result<Option<&[u8]>, TokenizerError> {
+    pub fn bytes(
+        &self,
+        id: u32,
+        skip_special_tokens: bool,
+    ) -> Result<Option<&[u8]>, TokenizerError> {
         self.check(id)?;
         let i = id as usize;
         if skip_special_tokens && self.kinds[i] == PieceKind::Special {

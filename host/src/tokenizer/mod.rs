@@ -266,6 +266,13 @@ impl Tokenizer {
         self.pieces.is_special(id)
     }
 
+    /// The bytes token `id` decodes to (a special token's text included);
+    /// `None` when no token has that id. What constrained-decoding plugins
+    /// match against (`set-vocabulary`).
+    pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
+        self.pieces.bytes(id, false).ok().flatten()
+    }
+
     /// The text of token `id` (empty for none), as templates see `bos_token`.
     fn token_text(&self, id: Option<u32>) -> String {
         id.and_then(|id| self.decode(&[id], false).ok())

@@ -13,11 +13,14 @@ mod device_draw;
 #[cfg(test)]
 mod tests;
 
-use crate::model_runner::{DeviceSampleRow, Logits, ModelInput, SeqInput};
+use crate::model_runner::{DeviceSampleRow, Logits, LogitsSpan, ModelInput, SeqInput};
 use crate::plugins::{LogitsProcessors, OnError, PluginError, Row, SamplerPlugin};
 use crate::sampling::rng::Xoshiro256StarStar;
+use crate::sampling::select::{log_sum_exp, top_k_desc};
 use crate::sampling::{PreparedRow, RequestSampler, SampledToken, SamplingParams};
-use crate::step::{Logprobs, ModelRunnerOutput, ReqHandle, SchedulerOutput};
+use crate::step::{
+    Logprobs, ModelRunnerOutput, PromptLogprob, PromptLogprobs, ReqHandle, SchedulerOutput,
+};
 
 /// A scheduler output that does not fit the worker's state: a protocol bug
 /// between the scheduler and the worker, reported instead of panicking.
@@ -41,6 +44,12 @@ struct CachedRequestState {
     /// Failed in an earlier step (a plugin fault): steps scheduled for it
     /// before the scheduler learnt of it (async scheduling) skip it.
     failed: bool,
+    /// Tokens of the prompt (the first `prompt_len` of `token_ids`).
+    prompt_len: usize,
+    /// The next prompt token whose logprob is to be reported, when the
+    /// request asked for prompt logprobs (from 1: token 0 has none). A
+    /// prompt recomputed after preemption reports nothing twice.
+    prompt_logprobs_next: usize,
 }
 
 /// The requests of the step being run, in `num_scheduled_tokens` order: which
@@ -50,6 +59,30 @@ pub struct StepPlan {
     /// Each scheduled request and whether it reached the end of its known
     /// tokens this step (a finished prefill or a decode), so it samples.
     rows: Vec<(ReqHandle, bool)>,
+    /// The tokens whose logits the step also computes, for prompt logprobs
+    /// (one span per request that has prompt tokens to report).
+    pub spans: Vec<LogitsSpan>,
+    /// Parallel to `spans`: who asked, how many top tokens, and the prompt
+    /// tokens the span's rows predict.
+    span_requests: Vec<SpanRequest>,
+    /// Parallel to `spans`: what the rows gave, filled by
+    /// [`Self::accept_logits_row`] during the forward pass.
+    prompt_logprobs: Vec<(ReqHandle, PromptLogprobs)>,
+    /// Requests this step could not run, with why (prompt logprobs on a
+    /// device that does not compute them).
+    failed: Vec<(ReqHandle, String)>,
+    /// Reused by the top-k selection of span rows.
+    top_scratch: Vec<(u32, f32)>,
+}
+
+/// Who asked for a [`LogitsSpan`]'s rows.
+#[derive(Debug)]
+struct SpanRequest {
+    /// `SamplingParams::prompt_logprobs`.
+    k: usize,
+    /// The prompt tokens the span's rows predict, row `i` predicting
+    /// `tokens[i]`.
+    tokens: Vec<u32>,
 }
 
 impl StepPlan {
@@ -59,6 +92,60 @@ impl StepPlan {
             .iter()
             .filter(|(_, samples)| *samples)
             .map(|(h, _)| *h)
+    }
+
+    /// Whether the step computes no other logits than the sampled rows'.
+    pub fn is_last_rows_only(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    /// Takes row `row` of span `span`'s logits (the runner's sink): the
+    /// logprob, rank and top tokens of the prompt token it predicts.
+    pub fn accept_logits_row(&mut self, span: usize, row: usize, logits: &[f32]) {
+        let req = &self.span_requests[span];
+        let entry = prompt_logprob(logits, req.tokens[row], req.k, &mut self.top_scratch);
+        self.prompt_logprobs[span].1.entries.push(entry);
+    }
+
+    /// Moves what the step produced besides sampled tokens (prompt
+    /// logprobs, the requests it could not run) into `out`.
+    pub fn finish_output(&mut self, out: &mut ModelRunnerOutput) {
+        out.failed.append(&mut self.failed);
+        out.prompt_logprobs.append(&mut self.prompt_logprobs);
+    }
+
+    /// Whether the step has nothing to report but failures.
+    pub fn has_failures(&self) -> bool {
+        !self.failed.is_empty()
+    }
+}
+
+/// The entry of prompt token `token` from the logits of the position
+/// before it: its raw logprob, its rank (vLLM's: the tokens at least as
+/// likely, itself included) and the `k` most likely tokens.
+fn prompt_logprob(
+    logits: &[f32],
+    token: u32,
+    k: usize,
+    scratch: &mut Vec<(u32, f32)>,
+) -> PromptLogprob {
+    let lse = log_sum_exp(logits);
+    let logit = logits
+        .get(token as usize)
+        .copied()
+        .unwrap_or(f32::NEG_INFINITY);
+    let rank = logits.iter().filter(|&&l| l >= logit).count().max(1) as u32;
+    let top = if k > 0 {
+        top_k_desc(logits, k, scratch);
+        scratch.iter().map(|&(t, l)| (t, l - lse)).collect()
+    } else {
+        Vec::new()
+    };
+    PromptLogprob {
+        token,
+        logprob: logit - lse,
+        rank,
+        top,
     }
 }
 
@@ -75,6 +162,9 @@ pub struct InputBatch {
     sampler: Option<SamplerPlugin>,
     /// The worker's runner can sample on its device (a GPU worker).
     on_device: bool,
+    /// Why the worker's runner cannot compute prompt logprobs, when it
+    /// cannot: requests asking for them fail with this.
+    no_prompt_logprobs: Option<String>,
 }
 
 impl InputBatch {
@@ -88,7 +178,14 @@ impl InputBatch {
             processor_rows: Vec::new(),
             sampler: None,
             on_device: false,
+            no_prompt_logprobs: None,
         }
+    }
+
+    /// Tells the batch whether the runner computes prompt logprobs: `None`
+    /// when it does, else why not (requests asking for them fail with it).
+    pub fn set_no_prompt_logprobs(&mut self, why: Option<String>) {
+        self.no_prompt_logprobs = why;
     }
 
     /// Marks the batch as a GPU worker's: requests entering it from now on
@@ -135,7 +232,7 @@ impl InputBatch {
         let mut out = ModelRunnerOutput {
             sampled: Vec::with_capacity(tokens.len()),
             logprobs: Vec::with_capacity(tokens.len()),
-            failed: Vec::new(),
+            ..ModelRunnerOutput::default()
         };
         let mut tokens = tokens.iter();
         for h in plan.sampling_handles() {
@@ -259,6 +356,8 @@ impl InputBatch {
                         .unwrap_or_else(|| Xoshiro256StarStar::from_entropy().next_u64())
                 }),
                 failed: false,
+                prompt_len: new.prompt_token_ids.len(),
+                prompt_logprobs_next: 1,
             });
         }
         let cached = &so.scheduled_cached_reqs;
@@ -278,8 +377,20 @@ impl InputBatch {
         let mut n_seqs = 0;
         let mut plan = StepPlan::default();
         for &(h, n) in &so.num_scheduled_tokens {
-            let req = self.get_mut(h)?;
+            let no_prompt_logprobs = self.no_prompt_logprobs.as_deref();
+            let req = self
+                .requests
+                .get_mut(h.index())
+                .and_then(Option::as_mut)
+                .ok_or_else(|| BatchError(format!("request {h:?} is not in the batch")))?;
             if req.failed {
+                continue;
+            }
+            let wants_prompt_logprobs =
+                req.params.prompt_logprobs.is_some() && req.prompt_logprobs_next < req.prompt_len;
+            if let Some(why) = no_prompt_logprobs.filter(|_| wants_prompt_logprobs) {
+                req.failed = true;
+                plan.failed.push((h, why.to_string()));
                 continue;
             }
             let start = req.num_computed_tokens;
@@ -302,6 +413,31 @@ impl InputBatch {
             seq.context_len = end;
             seq.block_table.clear();
             seq.block_table.extend_from_slice(&req.block_ids);
+            if wants_prompt_logprobs {
+                // Row p's logits predict prompt token p + 1; the last
+                // prompt position predicts the first output instead.
+                let first = start.max(req.prompt_logprobs_next - 1);
+                let last = end.min(req.prompt_len - 1);
+                if first < last {
+                    plan.spans.push(LogitsSpan {
+                        seq: n_seqs,
+                        first: first - start,
+                        len: last - first,
+                    });
+                    plan.span_requests.push(SpanRequest {
+                        k: req.params.prompt_logprobs.unwrap_or(0) as usize,
+                        tokens: req.token_ids[first + 1..last + 1].to_vec(),
+                    });
+                    plan.prompt_logprobs.push((
+                        h,
+                        PromptLogprobs {
+                            start: (first + 1) as u32,
+                            entries: Vec::with_capacity(last - first),
+                        },
+                    ));
+                    req.prompt_logprobs_next = last + 1;
+                }
+            }
             n_seqs += 1;
             plan.rows.push((h, end == req.token_ids.len()));
         }
@@ -324,7 +460,7 @@ impl InputBatch {
         let mut out = ModelRunnerOutput {
             sampled: Vec::with_capacity(plan.rows.len()),
             logprobs: Vec::with_capacity(plan.rows.len()),
-            failed: Vec::new(),
+            ..ModelRunnerOutput::default()
         };
         for (row, &(h, samples)) in plan.rows.iter().enumerate() {
             if !samples {
@@ -389,7 +525,7 @@ impl InputBatch {
         let mut out = ModelRunnerOutput {
             sampled: Vec::with_capacity(rows.len()),
             logprobs: Vec::with_capacity(rows.len()),
-            failed: Vec::new(),
+            ..ModelRunnerOutput::default()
         };
         if rows.is_empty() {
             return Ok(out);

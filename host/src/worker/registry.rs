@@ -169,6 +169,16 @@ impl WorkerMethods {
             }
             let plugins = serde_json::to_string(&operator)?;
             Ok(w.load_logits_processors(&plugins).map(|()| RpcValue::Unit)?)
+        })?;
+        // The model's vocabulary for 0.3 logits processors, sent by the
+        // engine (which holds the tokenizer) before `load_logits_processors`;
+        // set once, so a caller cannot change it afterwards.
+        self.register("set_vocabulary", |w, a| match a {
+            RpcValue::Json(json) => Ok(w.set_vocabulary(&json).map(|()| RpcValue::Unit)?),
+            other => anyhow::bail!(
+                "set_vocabulary takes the vocabulary as Json, got {}",
+                other.kind()
+            ),
         })
     }
 

@@ -102,3 +102,88 @@ fn a_missing_model_file_is_a_load_error_naming_it() {
     let err = w.load_model().unwrap_err().to_string();
     assert!(err.contains("/nonexistent/model.gguf"), "{err}");
 }
+
+#[test]
+fn prompt_logprobs_of_a_chunked_prefill_are_the_log_softmax_of_each_prefix() {
+    use crate::step::{CachedRequestData, NewRequestData, ReqHandle};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut w = Worker::new(WorkerConfig {
+        model: crate::config::default_model_path(&root),
+        ..config()
+    })
+    .unwrap();
+    w.init_device().unwrap();
+    w.load_model().unwrap();
+    w.initialize_from_config(8).unwrap();
+    // "The quick brown fox jumps over", prefilled in chunks of 4 and 2.
+    let prompt = vec![504u32, 2365, 6354, 16438, 27003, 690];
+    let h = ReqHandle(0);
+    let first = SchedulerOutput {
+        step_id: 1,
+        scheduled_new_reqs: vec![NewRequestData {
+            handle: h,
+            request_id: "r0".into(),
+            prompt_token_ids: prompt.clone(),
+            sampling_params: crate::sampling::SamplingParams {
+                temperature: 0.0,
+                prompt_logprobs: Some(3),
+                ..Default::default()
+            },
+            block_ids: vec![0],
+            num_computed_tokens: 0,
+        }],
+        num_scheduled_tokens: vec![(h, 4)],
+        ..SchedulerOutput::default()
+    };
+    w.execute_model(&first).unwrap();
+    let out1 = w.sample_tokens().unwrap();
+    assert!(out1.sampled.is_empty(), "a partial prefill samples nothing");
+    let mut cached = CachedRequestData::default();
+    cached.push(h, false, 4, &[]);
+    let second = SchedulerOutput {
+        step_id: 2,
+        scheduled_cached_reqs: cached,
+        num_scheduled_tokens: vec![(h, 2)],
+        ..SchedulerOutput::default()
+    };
+    w.execute_model(&second).unwrap();
+    let out2 = w.sample_tokens().unwrap();
+    assert_eq!(out2.sampled.len(), 1);
+    let chunks: Vec<_> = out1
+        .prompt_logprobs
+        .iter()
+        .chain(&out2.prompt_logprobs)
+        .map(|(ch, p)| {
+            assert_eq!(*ch, h);
+            p
+        })
+        .collect();
+    assert_eq!(
+        chunks.iter().map(|p| p.start).collect::<Vec<_>>(),
+        vec![1, 5]
+    );
+    let entries: Vec<_> = chunks.iter().flat_map(|p| &p.entries).collect();
+    assert_eq!(entries.len(), prompt.len() - 1);
+    for (i, e) in entries.iter().enumerate() {
+        // Token i + 1 from the logits after tokens 0..=i, run alone in
+        // other blocks.
+        assert_eq!(e.token, prompt[i + 1]);
+        let input = ModelInput::single(&prompt[..=i], 0, vec![4]);
+        let logits = w.execute_model_input(&input).unwrap();
+        let row = logits.row(0);
+        let lse = crate::sampling::select::log_sum_exp(row);
+        let want = row[e.token as usize] - lse;
+        assert!(
+            (e.logprob - want).abs() < 1e-3,
+            "token {}: logprob {} vs {want}",
+            i + 1,
+            e.logprob
+        );
+        let rank = 1 + row.iter().filter(|&&l| l > row[e.token as usize]).count() as u32;
+        assert_eq!(e.rank, rank, "token {}", i + 1);
+        assert_eq!(e.top.len(), 3);
+        let best = crate::sampling::select::argmax(row) as u32;
+        assert_eq!(e.top[0].0, best);
+        assert!((e.top[0].1 - (row[best as usize] - lse)).abs() < 1e-3);
+    }
+}

@@ -164,6 +164,9 @@ fn logprobs_boundary() {
     assert!(check(|p| p.logprobs = Some(0)).is_ok());
     assert!(check(|p| p.logprobs = Some(20)).is_ok());
     rejects("logprobs", |p| p.logprobs = Some(21));
+    assert!(check(|p| p.prompt_logprobs = Some(0)).is_ok());
+    assert!(check(|p| p.prompt_logprobs = Some(20)).is_ok());
+    rejects("prompt_logprobs", |p| p.prompt_logprobs = Some(21));
 }
 
 #[test]

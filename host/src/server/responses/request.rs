@@ -103,6 +103,7 @@ const UNSUPPORTED: &[Unsupported] = &[
     ("max_tokens", unset, "is the chat API's name; use max_output_tokens"),
     ("max_completion_tokens", unset, "is the chat API's name; use max_output_tokens"),
     ("logprobs", unset, "logprobs are not supported on /v1/responses; /v1/chat/completions returns them"),
+    ("prompt_logprobs", unset, "prompt logprobs are not supported on /v1/responses; /v1/completions returns them"),
 ];
 
 /// Fields that cannot change the answer here.

@@ -145,3 +145,144 @@ fn recording_device_tokens_advances_requests_as_the_host_sampler_does() {
         .to_string();
     assert!(err.contains("no token for request ReqHandle(2)"), "{err}");
 }
+
+// Prompt logprobs: which rows a step asks logits of, and each token once.
+
+/// A step that computes tokens `start..start + n` of request `h`, known
+/// to the batch already (`resumed` after a preemption).
+fn continue_step(h: u32, start: u32, n: u32, resumed: bool) -> SchedulerOutput {
+    let mut cached = CachedRequestData::default();
+    cached.push(
+        ReqHandle(h),
+        resumed,
+        start,
+        if resumed { &[0] } else { &[] },
+    );
+    SchedulerOutput {
+        scheduled_cached_reqs: cached,
+        num_scheduled_tokens: vec![(ReqHandle(h), n)],
+        ..SchedulerOutput::default()
+    }
+}
+
+/// `(seq, first, len)` of each span and the prompt tokens they predict.
+fn spans(plan: &StepPlan) -> Vec<(usize, usize, usize, u32, Vec<u32>)> {
+    plan.spans
+        .iter()
+        .zip(&plan.span_requests)
+        .zip(&plan.prompt_logprobs)
+        .map(|((s, r), (_, p))| (s.seq, s.first, s.len, p.start, r.tokens.clone()))
+        .collect()
+}
+
+#[test]
+fn prompt_logprob_spans_cover_each_prompt_token_once_across_chunks_and_preemption() {
+    let mut batch = InputBatch::new(None);
+    let mut input = ModelInput::default();
+    let wants = SamplingParams {
+        prompt_logprobs: Some(2),
+        ..SamplingParams::default()
+    };
+    // Request 0 (no prompt logprobs, 3 tokens) beside request 1 (asks, 10
+    // tokens 100..110) prefilled in chunks of 4, 4 and 2.
+    let so = SchedulerOutput {
+        scheduled_new_reqs: vec![
+            new_req(0, 3, SamplingParams::default()),
+            new_req(1, 10, wants),
+        ],
+        num_scheduled_tokens: vec![(ReqHandle(0), 3), (ReqHandle(1), 4)],
+        ..SchedulerOutput::default()
+    };
+    let plan = batch.prepare(&so, &mut input).unwrap();
+    // Rows 0..4 of sequence 1 predict prompt tokens 1..5.
+    assert_eq!(spans(&plan), vec![(1, 0, 4, 1, vec![101, 102, 103, 104])]);
+    let plan = batch
+        .prepare(&continue_step(1, 4, 4, false), &mut input)
+        .unwrap();
+    assert_eq!(spans(&plan), vec![(0, 0, 4, 5, vec![105, 106, 107, 108])]);
+    // The last chunk: its last position predicts the first output, not a
+    // prompt token.
+    let plan = batch
+        .prepare(&continue_step(1, 8, 2, false), &mut input)
+        .unwrap();
+    assert_eq!(spans(&plan), vec![(0, 0, 1, 9, vec![109])]);
+    // Preempted and recomputed from scratch: nothing is reported twice.
+    let plan = batch
+        .prepare(&continue_step(1, 0, 10, true), &mut input)
+        .unwrap();
+    assert!(plan.spans.is_empty() && plan.is_last_rows_only());
+}
+
+#[test]
+fn a_recompute_after_a_preemption_mid_prefill_reports_only_what_is_missing() {
+    let mut batch = InputBatch::new(None);
+    let mut input = ModelInput::default();
+    let wants = SamplingParams {
+        prompt_logprobs: Some(0),
+        ..SamplingParams::default()
+    };
+    let so = SchedulerOutput {
+        scheduled_new_reqs: vec![new_req(0, 8, wants)],
+        num_scheduled_tokens: vec![(ReqHandle(0), 5)],
+        ..SchedulerOutput::default()
+    };
+    let plan = batch.prepare(&so, &mut input).unwrap();
+    assert_eq!(
+        spans(&plan),
+        vec![(0, 0, 5, 1, vec![101, 102, 103, 104, 105])]
+    );
+    // Resumed from position 0 with the whole prompt: rows 5 and 6 only.
+    let plan = batch
+        .prepare(&continue_step(0, 0, 8, true), &mut input)
+        .unwrap();
+    assert_eq!(spans(&plan), vec![(0, 5, 2, 6, vec![106, 107])]);
+}
+
+#[test]
+fn a_runner_without_prompt_logprobs_fails_only_the_requests_that_ask() {
+    let mut batch = InputBatch::new(None);
+    batch.set_no_prompt_logprobs(Some("not on this device".into()));
+    let mut input = ModelInput::default();
+    let so = SchedulerOutput {
+        scheduled_new_reqs: vec![
+            new_req(0, 3, SamplingParams::default()),
+            new_req(
+                1,
+                4,
+                SamplingParams {
+                    prompt_logprobs: Some(1),
+                    ..SamplingParams::default()
+                },
+            ),
+        ],
+        num_scheduled_tokens: vec![(ReqHandle(0), 3), (ReqHandle(1), 4)],
+        ..SchedulerOutput::default()
+    };
+    let mut plan = batch.prepare(&so, &mut input).unwrap();
+    assert_eq!(input.seqs.len(), 1, "only request 0 runs");
+    assert!(plan.has_failures());
+    let mut out = ModelRunnerOutput::default();
+    plan.finish_output(&mut out);
+    assert_eq!(
+        out.failed,
+        vec![(ReqHandle(1), "not on this device".to_string())]
+    );
+}
+
+#[test]
+fn a_prompt_logprob_entry_has_the_tokens_rank_and_the_sorted_top_k() {
+    let logits = [1.0f32, 3.0, 2.0, 0.5, 3.0];
+    let mut scratch = Vec::new();
+    let e = prompt_logprob(&logits, 2, 3, &mut scratch);
+    let lse = logits.iter().map(|l| l.exp()).sum::<f32>().ln();
+    assert_eq!(e.token, 2);
+    assert!((e.logprob - (2.0 - lse)).abs() < 1e-6);
+    // Two tokens are more likely: rank 3.
+    assert_eq!(e.rank, 3);
+    let top: Vec<u32> = e.top.iter().map(|&(t, _)| t).collect();
+    assert_eq!(top, vec![1, 4, 2]);
+    assert!(e.top.windows(2).all(|w| w[0].1 >= w[1].1));
+    assert!(e.top.iter().all(|&(_, l)| l <= 0.0));
+    // k = 0: the token alone.
+    assert!(prompt_logprob(&logits, 0, 0, &mut scratch).top.is_empty());
+}
