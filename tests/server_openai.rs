@@ -6,8 +6,6 @@
 #[path = "server/harness.rs"]
 mod harness;
 
-use std::process::Command;
-
 use harness::Server;
 use host::config::EngineConfig;
 use host::engine::{GenerateRequest, Llm, Prompt};
@@ -53,22 +51,5 @@ fn the_openai_client_works_unchanged() {
     });
 
     let server = Server::start(&["--api-key", "sesame"]);
-    let script = e2e::repo_root().join("tests/server/openai_client.py");
-    let out = Command::new("python3")
-        .arg(&script)
-        .arg(format!("http://{}/v1", server.addr))
-        .arg("sesame")
-        .arg("SmolLM2-135M-Instruct.Q4_1")
-        .arg(expected.to_string())
-        .output()
-        .expect("start python3");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{} failed ({}); it needs `pip install -r tests/reference/requirements.txt` (openai)\n{stdout}\n{}",
-        script.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+    server.run_openai_script("openai_client.py", &expected);
 }

@@ -7,7 +7,6 @@
 #[path = "server/harness.rs"]
 mod harness;
 
-use std::process::Command;
 use std::time::Duration;
 
 use harness::Server;
@@ -72,24 +71,7 @@ fn the_openai_client_drives_the_responses_api() {
     });
 
     let server = Server::start(&["--api-key", "sesame"]);
-    let script = e2e::repo_root().join("tests/server/responses_client.py");
-    let out = Command::new("python3")
-        .arg(&script)
-        .arg(format!("http://{}/v1", server.addr))
-        .arg("sesame")
-        .arg("SmolLM2-135M-Instruct.Q4_1")
-        .arg(expected.to_string())
-        .output()
-        .expect("start python3");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{} failed ({}); it needs `pip install -r tests/reference/requirements.txt` (openai)\n{stdout}\n{}",
-        script.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+    server.run_openai_script("responses_client.py", &expected);
     // The cancelled response's engine request was aborted: nothing runs and
     // no KV block stays in use.
     server.wait_idle(Duration::from_secs(10));

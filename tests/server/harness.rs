@@ -190,6 +190,33 @@ impl Server {
     }
 }
 
+impl Server {
+    /// Runs the Python script `script` (under tests/server/), which drives
+    /// this server through the official `openai` client with the API key
+    /// `sesame`, against the `expected` answers; fails the test unless the
+    /// script exits 0 and reports no failed check.
+    pub fn run_openai_script(&self, script: &str, expected: &Value) {
+        let script = e2e::repo_root().join("tests/server").join(script);
+        let out = Command::new("python3")
+            .arg(&script)
+            .arg(format!("http://{}/v1", self.addr))
+            .arg("sesame")
+            .arg("SmolLM2-135M-Instruct.Q4_1")
+            .arg(expected.to_string())
+            .output()
+            .expect("start python3");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{} failed ({}); it needs `pip install -r tests/reference/requirements.txt` (openai)\n{stdout}\n{}",
+            script.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
