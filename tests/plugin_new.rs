@@ -91,7 +91,7 @@ fn new_and_build(short: &str, kind: &str) -> PathBuf {
     );
     for line in [
         format!("name: {name}"),
-        "wit: engine:plugins@0.3.0".to_string(),
+        "wit: engine:plugins@0.4.0".to_string(),
     ] {
         assert!(stdout.contains(&line), "{line:?} missing from:\n{stdout}");
     }
@@ -181,7 +181,7 @@ fn base() -> &'static Base {
 #[test]
 fn the_sdk_vendors_the_repositorys_wit_byte_for_byte() {
     let root = e2e::repo_root();
-    for version in ["v0.2.0", "v0.3.0"] {
+    for version in ["v0.2.0", "v0.4.0"] {
         let source = std::fs::read(root.join("wit").join(version).join("plugins.wit")).unwrap();
         let vendored = std::fs::read(
             root.join("plugin-sdk/wit")

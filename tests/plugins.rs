@@ -38,6 +38,23 @@ fn request(text: &str, params: SamplingParams) -> GenerateRequest {
     }
 }
 
+/// The model's own five most likely first tokens after `prompt`, most
+/// likely first, from a run without plugins.
+fn first_token_ranking(prompt: &str) -> Vec<u32> {
+    let mut llm = Llm::new(&engine_config(&[])).unwrap();
+    let ranked = SamplingParams {
+        logprobs: Some(5),
+        ..greedy(1)
+    };
+    let base = llm
+        .generate(&[request(prompt, ranked)], |_, _| {}, |_, _| {})
+        .unwrap();
+    let base = base[0].as_ref().unwrap();
+    let top: Vec<u32> = base.logprobs[0].top.iter().map(|&(t, _)| t).collect();
+    assert_eq!(base.token_ids[0], top[0]);
+    top
+}
+
 /// Request indices in the order their first token came out, with the
 /// requests' `priorities`, and the order of ascending prompt length.
 fn admission_order(policy: &str, priorities: [i32; 5]) -> (Vec<usize>, Vec<usize>) {
@@ -109,19 +126,7 @@ fn the_priority_plugin_admits_the_most_important_first() {
 #[test]
 fn logit_bias_changes_only_the_requests_that_ask() {
     let prompt = "The capital of France is";
-    // The model's own ranking of the first token, without plugins.
-    let mut llm = Llm::new(&engine_config(&[])).unwrap();
-    let ranked = SamplingParams {
-        logprobs: Some(5),
-        ..greedy(1)
-    };
-    let base = llm
-        .generate(&[request(prompt, ranked)], |_, _| {}, |_, _| {})
-        .unwrap();
-    let base = base[0].as_ref().unwrap();
-    let top: Vec<u32> = base.logprobs[0].top.iter().map(|&(t, _)| t).collect();
-    assert_eq!(base.token_ids[0], top[0]);
-    drop(llm);
+    let top = first_token_ranking(prompt);
 
     let mut c = engine_config(&["logit_bias"]);
     c.plugins.logits_processors = vec!["engine:logit-bias".into()];
@@ -157,20 +162,7 @@ fn logit_bias_changes_only_the_requests_that_ask() {
 #[test]
 fn an_allow_mask_limits_greedy_output_to_its_tokens() {
     let prompt = "The capital of France is";
-    let mut llm = Llm::new(&engine_config(&[])).unwrap();
-    let ranked = SamplingParams {
-        logprobs: Some(5),
-        ..greedy(1)
-    };
-    let base = llm
-        .generate(&[request(prompt, ranked)], |_, _| {}, |_, _| {})
-        .unwrap();
-    let top: Vec<u32> = base[0].as_ref().unwrap().logprobs[0]
-        .top
-        .iter()
-        .map(|&(t, _)| t)
-        .collect();
-    drop(llm);
+    let top = first_token_ranking(prompt);
 
     // A 0.3 processor answering with packed allow-masks (test:allow-mask).
     let mut c = engine_config(&["allow_mask"]);
@@ -323,4 +315,185 @@ fn a_faulting_policy_stops_the_engine_when_configured_to_fail() {
             && err.contains("plugins.on_error = \"fail\""),
         "{err}"
     );
+}
+
+/// `extra_args` that `test:claims` (a 0.4 processor) claims, with `spec`
+/// as its `claims` object.
+fn claimed(spec: serde_json::Value, max_tokens: u32) -> SamplingParams {
+    SamplingParams {
+        extra_args: Some(serde_json::json!({ "claims": spec })),
+        ..greedy(max_tokens)
+    }
+}
+
+/// Each request's tokens, or its error.
+fn run(llm: &mut Llm, reqs: &[GenerateRequest]) -> Vec<Result<Vec<u32>, String>> {
+    llm.generate(reqs, |_, _| {}, |_, _| {})
+        .unwrap()
+        .into_iter()
+        .map(|r| r.map(|c| c.token_ids))
+        .collect()
+}
+
+#[test]
+fn a_claiming_processor_constrains_only_its_requests_beside_an_older_one() {
+    let prompt = "The capital of France is";
+    let top = first_token_ranking(prompt);
+    let allowed = [top[3], top[4]];
+    let reqs = [
+        request(prompt, greedy(8)),
+        request(
+            prompt,
+            claimed(serde_json::json!({"allow_ids": allowed}), 8),
+        ),
+        // The 0.3 processor's own key: it is given every request.
+        request(
+            prompt,
+            SamplingParams {
+                extra_args: Some(serde_json::json!({"allow_ids": allowed})),
+                ..greedy(8)
+            },
+        ),
+        request(
+            prompt,
+            claimed(serde_json::json!({"allow_ids": allowed, "fail_at": 2}), 8),
+        ),
+        request(
+            prompt,
+            claimed(serde_json::json!({"refuse": "no thanks"}), 8),
+        ),
+    ];
+    let mut llm = Llm::new(&engine_config(&[])).unwrap();
+    let base = run(&mut llm, &reqs[..1]);
+    drop(llm);
+
+    let mut c = engine_config(&["claims", "allow_mask"]);
+    c.plugins.logits_processors = vec!["test:claims".into(), "test:allow-mask".into()];
+    c.plugins.on_error = "fail".into();
+    let mut llm = Llm::new(&c).unwrap();
+    let out = run(&mut llm, &reqs);
+    assert_eq!(out[0], base[0], "an unclaimed request is left alone");
+    for (i, what) in [
+        (1, "claimed by test:claims"),
+        (2, "masked by test:allow-mask"),
+    ] {
+        let tokens = out[i].as_ref().unwrap();
+        assert_eq!(tokens.len(), 8, "{what}");
+        assert_eq!(tokens[0], top[3], "{what}: greedy among {allowed:?}");
+        assert!(
+            tokens.iter().all(|t| allowed.contains(t)),
+            "{what}: {tokens:?}"
+        );
+    }
+    assert_eq!(
+        out[3].as_ref().unwrap_err(),
+        "test:claims: failing at token 2 as asked"
+    );
+    assert_eq!(out[4].as_ref().unwrap_err(), "test:claims: no thanks");
+}
+
+#[test]
+fn a_claiming_processors_fault_fails_only_the_rows_of_its_call() {
+    let prompt = "The capital of France is";
+    let top = first_token_ranking(prompt);
+    let allowed = [top[3], top[4]];
+    // Two at a time, admitted in order: `trap` fails at its third step and
+    // `late` takes its place; `check` comes when `free` finishes, with
+    // `late` half done, and traps in check-request, so the recreated
+    // instance must be told `late` again with its output so far (the
+    // fixture fails the row if what it is told is not that output).
+    let reqs = [
+        request(prompt, greedy(12)),
+        request(
+            prompt,
+            claimed(serde_json::json!({"allow_ids": allowed, "trap_at": 2}), 6),
+        ),
+        request(
+            prompt,
+            claimed(serde_json::json!({"allow_ids": allowed}), 16),
+        ),
+        request(
+            prompt,
+            claimed(serde_json::json!({"trap_in_check": true}), 4),
+        ),
+    ];
+    let mut c = engine_config(&["claims"]);
+    c.scheduler.max_num_seqs = 2;
+    let mut llm = Llm::new(&c).unwrap();
+    let base = run(&mut llm, &reqs[..1]);
+    drop(llm);
+
+    c.plugins.logits_processors = vec!["test:claims".into()];
+    // A 0.4 processor's fault fails its rows under "fallback" too.
+    c.plugins.on_error = "fallback".into();
+    let mut llm = Llm::new(&c).unwrap();
+    let out = run(&mut llm, &reqs);
+    assert_eq!(out[0], base[0], "an unclaimed request in the same steps");
+    let trapped = out[1].as_ref().unwrap_err();
+    assert!(
+        trapped.contains("plugin test:claims: process failed")
+            && trapped.contains("trapping in process at token 2"),
+        "{trapped}"
+    );
+    let late = out[2].as_ref().unwrap();
+    assert_eq!(late.len(), 16, "continued on the recreated instance");
+    assert_eq!(late[0], top[3]);
+    assert!(late.iter().all(|t| allowed.contains(t)), "{late:?}");
+    let refused = out[3].as_ref().unwrap_err();
+    assert!(
+        refused.contains("plugin test:claims: check-request failed")
+            && refused.contains("trapping in check-request"),
+        "{refused}"
+    );
+    assert_eq!(llm.stats().scheduler.num_running, 0);
+}
+
+#[test]
+fn the_request_checker_asks_the_claiming_processors() {
+    use host::plugins::{host_from_config, RequestChecker, Vocabulary};
+    let mut c = engine_config(&["claims", "allow_mask"]);
+    let host = host_from_config(&c.plugins).unwrap();
+    let tokenizer = host::engine::startup::load_tokenizer(&c).unwrap();
+    let tokens = (0..tokenizer.vocab_size() as u32).map(|id| {
+        (
+            tokenizer.token_bytes(id).unwrap_or_default(),
+            tokenizer.is_special(id),
+        )
+    });
+    let vocabulary = Vocabulary::from_tokens(tokens, tokenizer.eos_token_id());
+    c.plugins.logits_processors = vec!["test:allow-mask".into(), "test:claims".into()];
+    let checker = RequestChecker::new(&host, &c.plugins.logits_processors, &vocabulary)
+        .unwrap()
+        .expect("test:claims checks requests");
+    // The server shares it between its threads.
+    fn shareable<T: Send + Sync>(_: &T) {}
+    shareable(&checker);
+    let check = |args: serde_json::Value| checker.check(Some(&args));
+    assert_eq!(checker.check(None), Ok(()));
+    assert_eq!(check(serde_json::json!({"allow_ids": [1]})), Ok(()));
+    assert_eq!(
+        check(serde_json::json!({"claims": {"allow_ids": [1, 2]}})),
+        Ok(())
+    );
+    assert_eq!(
+        check(serde_json::json!({"claims": {"allow_ids": "a"}})),
+        Err("test:claims: claims.allow_ids must be a list of token ids".into())
+    );
+    assert_eq!(
+        check(serde_json::json!({"claims": {"refuse": "no thanks"}})),
+        Err("test:claims: no thanks".into())
+    );
+    let trapped = check(serde_json::json!({"claims": {"trap_in_check": true}})).unwrap_err();
+    assert!(
+        trapped.contains("plugin test:claims: check-request failed"),
+        "{trapped}"
+    );
+    assert_eq!(
+        check(serde_json::json!({"claims": {"allow_ids": [3]}})),
+        Ok(()),
+        "the recreated instance answers"
+    );
+    // Only a 0.3 processor: nothing to check.
+    let old = RequestChecker::new(&host, &["test:allow-mask".into()], &vocabulary).unwrap();
+    assert!(old.is_none());
 }

@@ -66,7 +66,7 @@ fn a_granted_file_is_read_and_used() {
         logits_row: 0,
     };
     let mut logits = vec![0.0f32; 8];
-    processors.apply(&[row], &mut logits, 8).unwrap();
+    processors.apply(&[row], &mut logits, 8, |_| &[]).unwrap();
     let banned: Vec<usize> = (0..8).filter(|&t| logits[t] == f32::NEG_INFINITY).collect();
     assert_eq!(banned, [3, 5], "the ids in the granted file: {logits:?}");
 }

@@ -192,7 +192,7 @@ fn bench_processor(c: &mut Criterion) {
     let (batch, vocab) = (64usize, 49152usize);
     for i in 0..batch as u32 {
         let args = serde_json::json!({"banned_token_ids": [i, i + 100], "logit_bias": {(i + 200).to_string(): 1.5}});
-        processors.add(i, Some(&args));
+        processors.add(i, Some(&args)).unwrap();
     }
     let rows: Vec<Row> = (0..batch)
         .map(|i| Row {
@@ -207,7 +207,7 @@ fn bench_processor(c: &mut Criterion) {
     group.bench_function(BenchmarkId::new("process", batch), |b| {
         b.iter(|| {
             processors
-                .apply(black_box(&rows), &mut logits, vocab)
+                .apply(black_box(&rows), &mut logits, vocab, |_| &[])
                 .unwrap();
             black_box(logits[0])
         })
@@ -238,14 +238,14 @@ fn bench_mask(c: &mut Criterion) {
                 // A few hundred allowed tokens spread over the vocabulary.
                 let ids: Vec<u32> = (0..300).map(|k| (i + k * 97) % vocab as u32).collect();
                 let args = serde_json::json!({"allow_ids": ids});
-                processors.add(i, masked.then_some(&args));
+                processors.add(i, masked.then_some(&args)).unwrap();
             }
             let mut logits = vec![0.0f32; batch * vocab];
             let name = if masked { "mask" } else { "no_mask" };
             group.bench_function(BenchmarkId::new(name, vocab), |b| {
                 b.iter(|| {
                     processors
-                        .apply(black_box(&rows), &mut logits, vocab)
+                        .apply(black_box(&rows), &mut logits, vocab, |_| &[])
                         .unwrap();
                     black_box(logits[0])
                 })

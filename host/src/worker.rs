@@ -424,12 +424,13 @@ impl Worker {
                 let out = self.input_batch.record_sampled(&plan, &tokens)?;
                 (plan, out)
             }
-            Some(Pending::Host(plan, mut logits)) => {
-                let out = match self.input_batch.apply_processors(&plan, &mut logits) {
+            Some(Pending::Host(mut plan, mut logits)) => {
+                let out = match self.input_batch.apply_processors(&mut plan, &mut logits) {
                     Ok(()) => self.input_batch.sample(&plan, &mut logits)?,
-                    // A processor faulted under `on_error = "fail"`: the requests
-                    // whose rows it was given fail; the engine and the other
-                    // requests carry on.
+                    // An older processor faulted under `on_error = "fail"`: the
+                    // requests whose rows it was given fail; the engine and the
+                    // other requests carry on. (A 0.4 processor's failures are
+                    // per request, in `plan`.)
                     Err(e) => {
                         self.input_batch.fail(plan.sampling_handles());
                         ModelRunnerOutput::failed(plan.sampling_handles(), &e.to_string())

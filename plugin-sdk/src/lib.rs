@@ -3,8 +3,8 @@
 //! `cargo build --release --target wasm32-wasip2`, and load the `.wasm` with
 //! `host --plugin FILE.wasm`.
 //!
-//! The SDK hides the WIT bindings (`wit/v0.3.0/plugins.wit`, package
-//! `engine:plugins@0.3.0`, vendored in this crate's `wit/` so it builds
+//! The SDK hides the WIT bindings (`wit/v0.4.0/plugins.wit`, package
+//! `engine:plugins@0.4.0`, vendored in this crate's `wit/` so it builds
 //! from anywhere; the `wit-0-2` feature builds against `0.2.0` instead):
 //! a plugin implements a trait
 //! ([`policy::SchedulingPolicy`], [`logits_processor::LogitsProcessor`],
@@ -46,7 +46,7 @@ pub mod worker_extension;
 
 /// The WIT package version this SDK builds plugins against.
 #[cfg(not(feature = "wit-0-2"))]
-pub const WIT_VERSION: &str = "0.3.0";
+pub const WIT_VERSION: &str = "0.4.0";
 /// The WIT package version this SDK builds plugins against.
 #[cfg(feature = "wit-0-2")]
 pub const WIT_VERSION: &str = "0.2.0";

@@ -10,7 +10,7 @@
 //! plugin_sdk::log::warn("option `mass` is 0; using 0.9");
 //! ```
 //!
-//! Built against `engine:plugins@0.3.0` this calls the host's `log`
+//! Built against `engine:plugins@0.4.0` this calls the host's `log`
 //! import. With the `wit-0-2` feature (no `log` import), and in native unit
 //! tests, the line is written to stderr instead (`LEVEL message`), which
 //! the host also captures into its log, at `warn`.
@@ -24,8 +24,8 @@
 #[doc(hidden)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "wit/v0.3.0",
-        world: "engine:plugins/plugin-imports@0.3.0",
+        path: "wit/v0.4.0",
+        world: "engine:plugins/plugin-imports@0.4.0",
         runtime_path: "plugin_sdk::__wit_bindgen_rt",
     });
 }

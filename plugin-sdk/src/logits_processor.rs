@@ -1,15 +1,15 @@
 //! Logits processors: the trait, its plain data types and
 //! [`export_logits_processor!`](crate::export_logits_processor).
 
-/// The WIT bindings of this kind's world: `engine:plugins@0.3.0`, or
+/// The WIT bindings of this kind's world: `engine:plugins@0.4.0`, or
 /// `0.2.0` with the `wit-0-2` feature (both vendored in `plugin-sdk/wit/`).
 #[doc(hidden)]
 pub mod bindings {
     #[cfg(not(feature = "wit-0-2"))]
     wit_bindgen::generate!({
-        path: "wit/v0.3.0",
-        world: "engine:plugins/logits-processor-plugin@0.3.0",
-        with: { "engine:plugins/logging@0.3.0": crate::log::bindings::engine::plugins::logging },
+        path: "wit/v0.4.0",
+        world: "engine:plugins/logits-processor-plugin@0.4.0",
+        with: { "engine:plugins/logging@0.4.0": crate::log::bindings::engine::plugins::logging },
         pub_export_macro: true,
         export_macro_name: "__export_logits_processor_world",
         default_bindings_module: "plugin_sdk::logits_processor::bindings",
@@ -30,10 +30,38 @@ pub use crate::{Metadata, OptionSpec};
 use bindings::exports::engine::plugins::logits_processor as wit;
 
 /// One step's rows as parallel columns, plus the requests that entered
-/// (with their `extra_args` JSON) and left the batch since the last call.
+/// (with their `extra_args` JSON and, since 0.4, their output so far) and
+/// left the batch since the last call. [`BatchExt`] reads the outputs.
 pub type Batch = wit::Batch;
 
-/// Sparse edits as parallel lists (see [`Edits::ban`] and [`Edits::bias`]).
+/// Reading a [`Batch`]'s announced requests (since 0.4).
+#[cfg(not(feature = "wit-0-2"))]
+pub trait BatchExt {
+    /// The tokens added request `added_ids[i]` already generated: empty for
+    /// a new request, its whole output so far when it is announced again to
+    /// an instance the host recreated after a fault (so a constraint can
+    /// resume where it stood); empty for `i` out of range.
+    fn added_output(&self, i: usize) -> &[u32];
+}
+
+#[cfg(not(feature = "wit-0-2"))]
+impl BatchExt for Batch {
+    fn added_output(&self, i: usize) -> &[u32] {
+        let Some(&end) = self.added_output_ends.get(i) else {
+            return &[];
+        };
+        let start = if i == 0 {
+            0
+        } else {
+            self.added_output_ends[i - 1]
+        };
+        self.added_output_tokens
+            .get(start as usize..end as usize)
+            .unwrap_or(&[])
+    }
+}
+
+/// Sparse edits as parallel lists (built with [`EditsExt`]).
 pub type Edits = wit::LogitEdits;
 
 /// The served model's vocabulary (since 0.3), given once to
@@ -158,6 +186,11 @@ pub trait EditsExt {
     /// least one token, else the host faults the plugin).
     #[cfg(not(feature = "wit-0-2"))]
     fn mask(&mut self, row: u32, mask: &AllowMask);
+    /// Fails row `row`'s request with `message` (since 0.4; finish reason
+    /// `error`), e.g. when its sampled token broke its constraint; the
+    /// other rows' edits still apply, this row's are ignored.
+    #[cfg(not(feature = "wit-0-2"))]
+    fn fail(&mut self, row: u32, message: &str);
 }
 
 impl EditsExt for Edits {
@@ -172,7 +205,17 @@ impl EditsExt for Edits {
             mask_rows: Vec::new(),
             #[cfg(not(feature = "wit-0-2"))]
             mask_words: Vec::new(),
+            #[cfg(not(feature = "wit-0-2"))]
+            fail_rows: Vec::new(),
+            #[cfg(not(feature = "wit-0-2"))]
+            fail_messages: Vec::new(),
         }
+    }
+
+    #[cfg(not(feature = "wit-0-2"))]
+    fn fail(&mut self, row: u32, message: &str) {
+        self.fail_rows.push(row);
+        self.fail_messages.push(message.to_string());
     }
 
     #[cfg(not(feature = "wit-0-2"))]
@@ -194,7 +237,8 @@ impl EditsExt for Edits {
 }
 
 /// A logits processor. One value lives per plugin instance; the host calls
-/// `process` once per step with every row about to be sampled.
+/// `process` once per step with the rows about to be sampled of the
+/// requests it claimed (`check_request`).
 pub trait LogitsProcessor: Sized + 'static {
     /// Name (`namespace:name`), version and options.
     fn metadata() -> Metadata;
@@ -212,31 +256,60 @@ pub trait LogitsProcessor: Sized + 'static {
         Ok(())
     }
 
+    /// Whether this processor edits a request with these `extra_args`
+    /// (JSON, `null` when none), asked once per request (since 0.4):
+    /// `Ok(true)` claims it (it is announced to `process` and its rows come
+    /// there), `Ok(false)` leaves it alone, `Err(message)` refuses it (the
+    /// API server answers 400 with the message). The host may ask another
+    /// instance than the one `process` runs on, so answer from the
+    /// arguments and the vocabulary only.
+    ///
+    /// The default claims every request, so a processor that does not
+    /// override it sees every request and every row, as before 0.4. Claim
+    /// only the requests you edit: the host then skips your call in steps
+    /// without them, and a fault of yours fails only the requests you
+    /// claimed.
+    #[cfg(not(feature = "wit-0-2"))]
+    fn check_request(&self, extra_args: &str) -> Result<bool, String> {
+        let _ = extra_args;
+        Ok(true)
+    }
+
     /// Edits for this step's rows. `batch.added_ids` / `added_extra_args`
-    /// announce new requests once; `batch.removed_ids` those that left.
+    /// announce new requests once (with their output so far,
+    /// [`BatchExt::added_output`]); `batch.removed_ids` those that left.
+    /// An `Err` (or a trap) fails every row of the call (since 0.4).
     fn process(&mut self, batch: &Batch) -> Result<Edits, String>;
 }
 
-/// The `set-vocabulary` export of 0.3 (nothing for 0.2), inside
+/// The exports newer than 0.2 (`set-vocabulary`, `check-request`; nothing
+/// for 0.2), inside
 /// [`export_logits_processor!`](crate::export_logits_processor)'s impl.
 #[cfg(not(feature = "wit-0-2"))]
 #[doc(hidden)]
 #[macro_export]
-macro_rules! __logits_processor_set_vocabulary {
+macro_rules! __logits_processor_newer_exports {
     ($processor:ty, $wit:ty) => {
         fn set_vocabulary(vocab: $wit) -> ::std::result::Result<(), ::std::string::String> {
             $crate::state::with(|p: &mut $processor| {
                 $crate::logits_processor::LogitsProcessor::set_vocabulary(p, &vocab)
             })
         }
+        fn check_request(
+            extra_args: ::std::string::String,
+        ) -> ::std::result::Result<bool, ::std::string::String> {
+            $crate::state::with(|p: &mut $processor| {
+                $crate::logits_processor::LogitsProcessor::check_request(p, &extra_args)
+            })
+        }
     };
 }
 
-/// The `set-vocabulary` export of 0.3 (nothing for 0.2).
+/// The exports newer than 0.2 (nothing for 0.2).
 #[cfg(feature = "wit-0-2")]
 #[doc(hidden)]
 #[macro_export]
-macro_rules! __logits_processor_set_vocabulary {
+macro_rules! __logits_processor_newer_exports {
     ($processor:ty, $wit:ty) => {};
 }
 
@@ -278,7 +351,7 @@ macro_rules! export_logits_processor {
                     $crate::state::set(p);
                     Ok(())
                 }
-                $crate::__logits_processor_set_vocabulary!($processor, __wit::Vocabulary);
+                $crate::__logits_processor_newer_exports!($processor, __wit::Vocabulary);
                 fn process(batch: __wit::Batch) -> ::std::result::Result<__wit::LogitEdits, ::std::string::String> {
                     $crate::state::with(|p: &mut $processor| {
                         $crate::logits_processor::LogitsProcessor::process(p, &batch)
@@ -334,5 +407,54 @@ mod tests {
         assert_eq!(v.token(1), Some(&b"ab"[..]));
         assert!(v.is_special(0) && !v.is_special(1));
         assert_eq!(v.len(), 2);
+    }
+
+    #[cfg(not(feature = "wit-0-2"))]
+    #[test]
+    fn failed_rows_and_announced_outputs() {
+        let mut e = Edits::none();
+        e.fail(1, "the schema allows no more tokens");
+        assert_eq!(e.fail_rows, [1]);
+        assert_eq!(e.fail_messages, ["the schema allows no more tokens"]);
+        let b = Batch {
+            added_ids: vec![7, 8, 9],
+            added_extra_args: vec!["null".into(); 3],
+            added_output_ends: vec![0, 3, 4],
+            added_output_tokens: vec![10, 11, 12, 13],
+            removed_ids: Vec::new(),
+            ids: Vec::new(),
+            num_output_tokens: Vec::new(),
+            last_tokens: Vec::new(),
+            vocab_size: 100,
+        };
+        assert_eq!(b.added_output(0), &[] as &[u32]);
+        assert_eq!(b.added_output(1), [10, 11, 12]);
+        assert_eq!(b.added_output(2), [13]);
+        assert_eq!(b.added_output(3), &[] as &[u32]);
+    }
+
+    /// A processor that does not override `check_request`.
+    #[cfg(not(feature = "wit-0-2"))]
+    struct EveryRow;
+
+    #[cfg(not(feature = "wit-0-2"))]
+    impl LogitsProcessor for EveryRow {
+        fn metadata() -> Metadata {
+            Metadata::new("test:every-row", "0.1.0")
+        }
+        fn new(_options: &str) -> Result<Self, String> {
+            Ok(EveryRow)
+        }
+        fn process(&mut self, _batch: &Batch) -> Result<Edits, String> {
+            Ok(Edits::none())
+        }
+    }
+
+    #[cfg(not(feature = "wit-0-2"))]
+    #[test]
+    fn by_default_every_request_is_claimed() {
+        let p = EveryRow::new("{}").unwrap();
+        assert_eq!(p.check_request("null"), Ok(true));
+        assert_eq!(p.check_request(r#"{"anything": 1}"#), Ok(true));
     }
 }

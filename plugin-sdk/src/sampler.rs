@@ -8,15 +8,15 @@
 //! [0, 1) drawn from the request's own seeded generator. The sampler answers
 //! one candidate position per row.
 
-/// The WIT bindings of this kind's world: `engine:plugins@0.3.0`, or
+/// The WIT bindings of this kind's world: `engine:plugins@0.4.0`, or
 /// `0.2.0` with the `wit-0-2` feature (both vendored in `plugin-sdk/wit/`).
 #[doc(hidden)]
 pub mod bindings {
     #[cfg(not(feature = "wit-0-2"))]
     wit_bindgen::generate!({
-        path: "wit/v0.3.0",
-        world: "engine:plugins/sampler-plugin@0.3.0",
-        with: { "engine:plugins/logging@0.3.0": crate::log::bindings::engine::plugins::logging },
+        path: "wit/v0.4.0",
+        world: "engine:plugins/sampler-plugin@0.4.0",
+        with: { "engine:plugins/logging@0.4.0": crate::log::bindings::engine::plugins::logging },
         pub_export_macro: true,
         export_macro_name: "__export_sampler_world",
         default_bindings_module: "plugin_sdk::sampler::bindings",

@@ -6,15 +6,15 @@
 //! gets the worker's [`Host`] for its duration: model info, named weights
 //! (read dequantized, update), and the KV cache's layout.
 
-/// The WIT bindings of this kind's world: `engine:plugins@0.3.0`, or
+/// The WIT bindings of this kind's world: `engine:plugins@0.4.0`, or
 /// `0.2.0` with the `wit-0-2` feature (both vendored in `plugin-sdk/wit/`).
 #[doc(hidden)]
 pub mod bindings {
     #[cfg(not(feature = "wit-0-2"))]
     wit_bindgen::generate!({
-        path: "wit/v0.3.0",
-        world: "engine:plugins/worker-extension-plugin@0.3.0",
-        with: { "engine:plugins/logging@0.3.0": crate::log::bindings::engine::plugins::logging },
+        path: "wit/v0.4.0",
+        world: "engine:plugins/worker-extension-plugin@0.4.0",
+        with: { "engine:plugins/logging@0.4.0": crate::log::bindings::engine::plugins::logging },
         pub_export_macro: true,
         export_macro_name: "__export_worker_extension_world",
         default_bindings_module: "plugin_sdk::worker_extension::bindings",

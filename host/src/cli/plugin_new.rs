@@ -19,9 +19,9 @@ use clap::{Args, ValueEnum};
 use crate::plugins::registry::is_qualified_name;
 
 /// The WIT version new plugins are built against.
-pub const WIT_VERSION: &str = "0.3.0";
+pub const WIT_VERSION: &str = "0.4.0";
 /// The WIT package a Python project carries (the SDK carries its own copy).
-const WIT_FILE: &str = include_str!("../../../wit/v0.3.0/plugins.wit");
+const WIT_FILE: &str = include_str!("../../../wit/v0.4.0/plugins.wit");
 /// The SDK this binary was built from.
 const BUILT_SDK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../plugin-sdk");
 

@@ -113,6 +113,11 @@ impl<W: World> Sandboxed<W> {
         &self.name
     }
 
+    /// The linked component, which says what version it was built against.
+    pub fn pre(&self) -> &W::Pre {
+        &self.pre
+    }
+
     /// Faults (traps, overruns, invalid output) since start.
     pub fn faults(&self) -> u64 {
         self.faults
@@ -157,6 +162,27 @@ impl<W: World> Sandboxed<W> {
         f: impl FnOnce(&W, &mut Store<StoreState>) -> wasmtime::Result<R>,
     ) -> Result<R, PluginError> {
         let deadline = self.runtime.limits().deadline;
+        self.call_within(call, deadline, f)
+    }
+
+    /// As [`Self::call`], under the `init` deadline: for the hooks called
+    /// once per instance or per request, not per step (`set-vocabulary`
+    /// builds a token trie, `check-request` compiles a grammar).
+    pub fn call_once<R>(
+        &mut self,
+        call: &'static str,
+        f: impl FnOnce(&W, &mut Store<StoreState>) -> wasmtime::Result<R>,
+    ) -> Result<R, PluginError> {
+        let deadline = self.runtime.limits().init_deadline;
+        self.call_within(call, deadline, f)
+    }
+
+    fn call_within<R>(
+        &mut self,
+        call: &'static str,
+        deadline: std::time::Duration,
+        f: impl FnOnce(&W, &mut Store<StoreState>) -> wasmtime::Result<R>,
+    ) -> Result<R, PluginError> {
         let Some((store, world)) = self.live.as_mut() else {
             return Err(PluginError::Fault {
                 name: self.name.clone(),

@@ -22,14 +22,21 @@ pub(super) struct Pending {
 
 impl Pending {
     /// Before a call: if the instance was recreated since (`faults` moved),
-    /// replace the news with every live request.
-    pub fn resync(&mut self, faults: u64, live: &LiveRequests) {
+    /// replace the news with every live request it is `told` of.
+    pub fn resync(&mut self, faults: u64, live: &LiveRequests, told: impl Fn(u32) -> bool) {
         if faults != self.faults_seen {
             self.faults_seen = faults;
-            self.added_ids = live.0.keys().copied().collect();
-            self.added_extra_args = live.0.values().cloned().collect();
-            self.removed_ids.clear();
+            self.clear();
+            for (&id, json) in live.0.iter().filter(|(&id, _)| told(id)) {
+                self.added_ids.push(id);
+                self.added_extra_args.push(json.clone());
+            }
         }
+    }
+
+    /// Whether there is nothing to tell.
+    pub fn is_empty(&self) -> bool {
+        self.added_ids.is_empty() && self.removed_ids.is_empty()
     }
 
     /// After a call: the plugin has been told.
@@ -40,19 +47,25 @@ impl Pending {
     }
 }
 
+/// A request's `extra_args` as the plugins read them: JSON, `null` when
+/// none.
+pub(super) fn extra_args_json(extra_args: Option<&serde_json::Value>) -> String {
+    extra_args.map_or_else(|| "null".to_string(), |v| v.to_string())
+}
+
 /// Live requests and their `extra_args` as JSON.
 #[derive(Debug, Default)]
 pub(super) struct LiveRequests(BTreeMap<u32, String>);
 
 impl LiveRequests {
-    /// A request entered the batch: recorded, and queued for each of `plugins`.
+    /// A request entered the batch with `json` ([`extra_args_json`]):
+    /// recorded, and queued for each of `plugins`.
     pub fn add<'a>(
         &mut self,
         id: u32,
-        extra_args: Option<&serde_json::Value>,
+        json: String,
         plugins: impl Iterator<Item = &'a mut Pending>,
     ) {
-        let json = extra_args.map_or_else(|| "null".to_string(), |v| v.to_string());
         for p in plugins {
             p.added_ids.push(id);
             p.added_extra_args.push(json.clone());

@@ -345,9 +345,26 @@ impl wit::Host for StoreState {
     }
 }
 
-/// Links the `logging` import (0.3) into `linker`.
+impl super::bindings::logging_v0_4::Host for StoreState {
+    fn log(&mut self, level: super::bindings::logging_v0_4::Level, message: String) {
+        use super::bindings::logging_v0_4::Level as L;
+        // The same levels as 0.3's, by another type.
+        let level = match level {
+            L::Trace => wit::Level::Trace,
+            L::Debug => wit::Level::Debug,
+            L::Info => wit::Level::Info,
+            L::Warn => wit::Level::Warn,
+            L::Error => wit::Level::Error,
+        };
+        wit::Host::log(self, level, message)
+    }
+}
+
+/// Links the `logging` import (0.3, 0.4) into `linker`.
 pub fn add_to_linker(linker: &mut wasmtime::component::Linker<StoreState>) -> wasmtime::Result<()> {
-    wit::add_to_linker::<StoreState, wasmtime::component::HasSelf<StoreState>>(linker, |s| s)
+    use wasmtime::component::HasSelf;
+    wit::add_to_linker::<StoreState, HasSelf<StoreState>>(linker, |s| s)?;
+    super::bindings::logging_v0_4::add_to_linker::<StoreState, HasSelf<StoreState>>(linker, |s| s)
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! WebAssembly plugins (the wasm host): scheduling policies, logits
 //! processors and worker extensions written against the WIT package
-//! `engine:plugins` (`wit/v0.1.0`, `v0.2.0`, `v0.3.0`; the host accepts all), run
+//! `engine:plugins` (`wit/v0.1.0` to `v0.4.0`; the host accepts all), run
 //! on wasmtime's component model in a sandbox, and resolved by the qualified
 //! name they declare.
 //!
@@ -13,7 +13,10 @@
 //! - [`instance`]: a long-lived `Store` per instance, recreated after a
 //!   fault.
 //! - [`policy`] / [`processor`]: the policy the scheduler puts behind its
-//!   seam, and the logits processors the worker's sampler calls.
+//!   seam, and the logits processors the worker's sampler calls (with the
+//!   model's [`Vocabulary`]).
+//! - [`checker`]: the API server's [`RequestChecker`], which asks the
+//!   logits processors whether they accept a request before it is queued.
 //! - [`sampler`]: the sampler plugin, choosing each sampled row's token
 //!   among the host's top-k candidates.
 //! - [`extension`]: worker extensions and the host API they import, which
@@ -31,6 +34,7 @@
 mod bindings;
 mod cache;
 mod cache_guard;
+pub mod checker;
 mod error;
 pub mod extension;
 pub mod instance;
@@ -43,16 +47,19 @@ pub mod registry;
 pub mod runtime;
 pub mod sampler;
 mod ticker;
+mod vocabulary;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use checker::RequestChecker;
 pub use error::PluginError;
-pub use processor::{LogitsProcessors, Row, Vocabulary};
+pub use processor::{LogitsProcessors, Row};
 pub use registry::{OptionInfo, PluginHost, PluginInfo, SUPPORTED_WIT};
 pub use runtime::{Limits, PluginRuntime};
 pub use sampler::SamplerPlugin;
+pub use vocabulary::Vocabulary;
 
 use crate::config::PluginsConfig;
 

@@ -26,7 +26,7 @@ use super::{OnError, PluginError, PluginKind};
 pub const WIT_PACKAGE: &str = "engine:plugins";
 /// The accepted versions of [`WIT_PACKAGE`] (any patch of these minors;
 /// `wit/v<minor>` holds each).
-pub const SUPPORTED_WIT: &str = "engine:plugins@0.1.x, @0.2.x and @0.3.x";
+pub const SUPPORTED_WIT: &str = "engine:plugins@0.1.x, @0.2.x, @0.3.x and @0.4.x";
 
 /// One option a plugin accepts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,10 +89,10 @@ fn split_export(name: &str) -> Option<(&str, &str)> {
     rest.split_once('@')
 }
 
-/// True for `0.1.x`, `0.2.x` and `0.3.x`.
+/// True for `0.1.x` to `0.4.x`.
 fn version_supported(version: &str) -> bool {
     let mut parts = version.split('.');
-    parts.next() == Some("0") && matches!(parts.next(), Some("1" | "2" | "3"))
+    parts.next() == Some("0") && matches!(parts.next(), Some("1" | "2" | "3" | "4"))
 }
 
 /// A qualified name: `namespace:name`, each part non-empty lowercase
@@ -476,8 +476,9 @@ mod tests {
         assert!(version_supported("0.1.0") && version_supported("0.1.7"));
         assert!(version_supported("0.2.0") && version_supported("0.2.3"));
         assert!(version_supported("0.3.0") && version_supported("0.3.1"));
+        assert!(version_supported("0.4.0"));
         assert!(
-            !version_supported("0.4.0")
+            !version_supported("0.5.0")
                 && !version_supported("0.9.0")
                 && !version_supported("1.1.0")
                 && !version_supported("0.10.0")

@@ -7,7 +7,15 @@
 //! ([`super::log`]), and every other WASI import a guest's standard library
 //! pulls in (filesystem, sockets, clocks, randomness, stdin) is linked to a
 //! function that traps with the import's name, so "no filesystem, network,
-//! environment or clock" holds by construction. Memory is capped for the
+//! environment or clock" holds by construction. The one exception is
+//! `wasi:random/insecure-seed`, which answers a fixed seed: a guest's
+//! standard library asks it to key its hash maps (serde_json's
+//! `preserve_order` maps, for one), so trapping would break ordinary code,
+//! and a constant reveals nothing and keeps a plugin deterministic. Likewise
+//! the monotonic clock's `now` answers a frozen 0 (time never passes) rather
+//! than trapping: libraries time themselves for statistics (llguidance,
+//! which the structured-output plugin is built on, does), and a frozen
+//! clock gives away nothing; waiting on it still traps. Memory is capped for the
 //! plugin as a whole, every linear memory of the component together, and
 //! tables and instances are bounded ([`super::limiter`]; a refused grow
 //! traps, so running out is reported, not hidden in a guest `null`), and
@@ -139,9 +147,23 @@ const LINKED_INTERFACES: &[&str] = &[
     "wasi:cli/environment@",
     "wasi:cli/stdout@",
     "wasi:cli/stderr@",
+    "wasi:random/insecure-seed@",
     "engine:plugins/host-api@",
     "engine:plugins/logging@",
 ];
+
+/// What `wasi:random/insecure-seed` answers every plugin: any constant
+/// will do (it keys hash maps, and determinism is the point).
+const INSECURE_SEED: (u64, u64) = (0x5eed_0f9e_u64, 0x9e37_79b9_7f4a_7c15);
+
+/// The monotonic clock's interface: its `now` and `resolution` answer
+/// [`FROZEN_CLOCK_NS`], its other functions (waiting) trap.
+const MONOTONIC_CLOCK: &str = "wasi:clocks/monotonic-clock@0.2.";
+
+/// What the frozen clock reads: time never passes inside a plugin, so a
+/// guest that times itself (llguidance keeps statistics) runs, learns
+/// nothing of the host, and stays deterministic.
+const FROZEN_CLOCK_NS: u64 = 0;
 
 /// The resources [`LINKED_INTERFACES`] define.
 const LINKED_RESOURCES: &[&str] = &[
@@ -280,6 +302,15 @@ impl PluginRuntime {
             env.func_wrap("get-arguments", |_, ()| Ok((Vec::<String>::new(),)))?;
             env.func_wrap("initial-cwd", |_, ()| Ok((None::<String>,)))?;
         }
+        // Hash-map keys: a fixed seed (see the module docs).
+        for name in imports
+            .iter()
+            .filter(|n| n.starts_with("wasi:random/insecure-seed@0.2."))
+        {
+            linker
+                .instance(name)?
+                .func_wrap("insecure-seed", |_, ()| Ok((INSECURE_SEED,)))?;
+        }
         // Files: reachable only through a preopened directory.
         wasi::io::error::add_to_linker::<StoreState, Io>(&mut linker, |s| &mut s.table)?;
         wasi::io::poll::add_to_linker::<StoreState, Io>(&mut linker, |s| &mut s.table)?;
@@ -312,6 +343,13 @@ impl PluginRuntime {
             let mut stub = linker.instance(name)?;
             for (export, item) in instance.exports(&self.engine) {
                 match item.ty {
+                    // A frozen monotonic clock (see the module docs).
+                    ComponentItem::ComponentFunc(_)
+                        if name.starts_with(MONOTONIC_CLOCK)
+                            && matches!(export, "now" | "resolution") =>
+                    {
+                        stub.func_wrap(export, |_, ()| Ok((FROZEN_CLOCK_NS,)))?;
+                    }
                     ComponentItem::ComponentFunc(_) => {
                         let import = format!("{name}#{export}");
                         stub.func_new(export, move |_, _, _, _| {

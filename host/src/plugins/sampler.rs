@@ -17,7 +17,7 @@
 
 use super::bindings::sampler::{Candidates, SamplerPlugin as SamplerWorld};
 use super::instance::Sandboxed;
-use super::live::{LiveRequests, Pending};
+use super::live::{extra_args_json, LiveRequests, Pending};
 use super::{OnError, PluginError};
 
 /// The configured sampler plugin and what it has been told.
@@ -82,8 +82,8 @@ impl SamplerPlugin {
 
     /// A request entered the batch.
     pub fn add(&mut self, id: u32, extra_args: Option<&serde_json::Value>) {
-        self.live
-            .add(id, extra_args, std::iter::once(&mut self.pending));
+        let json = extra_args_json(extra_args);
+        self.live.add(id, json, std::iter::once(&mut self.pending));
     }
 
     /// A request left the batch.
@@ -114,7 +114,9 @@ impl SamplerPlugin {
     /// Asks the plugin to choose among the rows pushed since
     /// [`Self::clear_rows`]; returns the chosen token of each row, in order.
     pub fn choose(&mut self) -> Result<Vec<u32>, PluginError> {
-        self.pending.resync(self.plugin.faults(), &self.live);
+        // The sampler is told of every request.
+        self.pending
+            .resync(self.plugin.faults(), &self.live, |_| true);
         let b = &mut self.batch;
         std::mem::swap(&mut b.added_ids, &mut self.pending.added_ids);
         std::mem::swap(&mut b.added_extra_args, &mut self.pending.added_extra_args);

@@ -279,10 +279,12 @@ impl InputBatch {
     }
 
     /// Lets the logits processors edit the rows `plan` samples, once for the
-    /// whole step.
+    /// whole step. The requests a processor fails (0.4) fail here, through
+    /// `plan`'s failures, and are not sampled; `Err` fails the whole step
+    /// (an older processor's fault under `on_error = "fail"`).
     pub fn apply_processors(
         &mut self,
-        plan: &StepPlan,
+        plan: &mut StepPlan,
         logits: &mut Logits,
     ) -> Result<(), PluginError> {
         let Some(processors) = self.processors.as_mut() else {
@@ -305,7 +307,26 @@ impl InputBatch {
         if self.processor_rows.is_empty() {
             return Ok(());
         }
-        processors.apply(&self.processor_rows, &mut logits.data, logits.vocab_size)
+        let requests = &self.requests;
+        // A request's output so far, re-announced to a recreated processor.
+        let outputs = |id: u32| {
+            requests
+                .get(id as usize)
+                .and_then(Option::as_ref)
+                .map_or(&[][..], |r| &r.token_ids[r.prompt_len..])
+        };
+        let failed = processors.apply(
+            &self.processor_rows,
+            &mut logits.data,
+            logits.vocab_size,
+            outputs,
+        )?;
+        for (id, why) in failed {
+            let h = ReqHandle(id);
+            self.fail(std::iter::once(h));
+            plan.failed.push((h, why));
+        }
+        Ok(())
     }
 
     /// Applies `so`'s deltas (in the order its contract states) and builds the
@@ -326,6 +347,8 @@ impl InputBatch {
                 p.remove(h.0);
             }
         }
+        // Requests a logits processor refused (0.4 `check-request`).
+        let mut refused = Vec::new();
         for new in &so.scheduled_new_reqs {
             let i = new.handle.index();
             if i >= self.requests.len() {
@@ -336,9 +359,13 @@ impl InputBatch {
                 &new.prompt_token_ids,
                 self.eos_token_id,
             );
+            let mut failed = false;
             if let Some(p) = self.processors.as_mut() {
                 p.remove(new.handle.0);
-                p.add(new.handle.0, new.sampling_params.extra_args.as_ref());
+                if let Err(why) = p.add(new.handle.0, new.sampling_params.extra_args.as_ref()) {
+                    refused.push((new.handle, why));
+                    failed = true;
+                }
             }
             if let Some(p) = self.sampler.as_mut() {
                 p.remove(new.handle.0);
@@ -355,7 +382,7 @@ impl InputBatch {
                         .seed
                         .unwrap_or_else(|| Xoshiro256StarStar::from_entropy().next_u64())
                 }),
-                failed: false,
+                failed,
                 prompt_len: new.prompt_token_ids.len(),
                 prompt_logprobs_next: 1,
             });
@@ -375,7 +402,10 @@ impl InputBatch {
         // Sequences are overwritten in place, so their block tables keep
         // their allocations from step to step.
         let mut n_seqs = 0;
-        let mut plan = StepPlan::default();
+        let mut plan = StepPlan {
+            failed: refused,
+            ..StepPlan::default()
+        };
         for &(h, n) in &so.num_scheduled_tokens {
             let no_prompt_logprobs = self.no_prompt_logprobs.as_deref();
             let req = self
@@ -467,6 +497,10 @@ impl InputBatch {
                 continue;
             }
             let req = self.get_mut(h)?;
+            if req.failed {
+                // Failed by a logits processor this step.
+                continue;
+            }
             let logits_row = &mut logits.data[row * vocab..(row + 1) * vocab];
             // A GPU worker sampling this step on the host (a neighbour is
             // not device-eligible) draws the eligible rows as the device
@@ -508,6 +542,10 @@ impl InputBatch {
                 .get_mut(h.index())
                 .and_then(Option::as_mut)
                 .ok_or_else(|| BatchError(format!("request {h:?} is not in the batch")))?;
+            if req.failed {
+                // Failed by a logits processor this step.
+                continue;
+            }
             let logits_row = &mut logits.data[row * vocab..(row + 1) * vocab];
             let prepared = req.sampler.prepare(logits_row, &req.params);
             req.sampler
