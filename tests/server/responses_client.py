@@ -127,7 +127,8 @@ except openai.NotFoundError:
 # What is not implemented is refused, naming the field.
 for name, kwargs, param in [
     ("tools", {"tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]}, "tools"),
-    ("text format", {"text": {"format": {"type": "json_object"}}}, "text"),
+    ("text verbosity", {"text": {"format": {"type": "text"}, "verbosity": "low"}}, "text"),
+    ("text format type", {"text": {"format": {"type": "xml"}}}, "text.format.type"),
     ("reasoning", {"reasoning": {"effort": "high"}}, "reasoning"),
     ("unknown previous", {"previous_response_id": "resp_nope"}, "previous_response_id"),
     ("max_output_tokens 0", {"max_output_tokens": 0}, "max_output_tokens"),

@@ -124,7 +124,9 @@ impl SparseBias {
 /// - penalties (repetition, frequency, presence): they need the request's
 ///   token history, which lives on the host;
 /// - `min_tokens` > 0: EOS and stop tokens are masked while the output is
-///   short (the worker could send those as bans; it does not yet).
+///   short (the worker could send those as bans; it does not yet);
+/// - `logit_bias`, `allowed_token_ids`, `bad_words`: the host applies them
+///   (`sampling::token_filters`); bad words also need the output so far.
 ///
 /// Everything else (temperature, top-k, top-p, min-p, the seed) the kernel
 /// does; `extra_args` only matters to a sampler plugin, which the worker
@@ -135,6 +137,9 @@ pub fn device_eligible(params: &SamplingParams) -> bool {
         && params.frequency_penalty == 0.0
         && params.presence_penalty == 0.0
         && params.min_tokens == 0
+        && params.logit_bias.is_empty()
+        && params.allowed_token_ids.is_none()
+        && params.bad_words_token_ids.is_empty()
 }
 
 /// Checks one step against the buffers and the logits before anything is
@@ -449,6 +454,18 @@ mod tests {
             },
             SamplingParams {
                 min_tokens: 1,
+                ..base.clone()
+            },
+            SamplingParams {
+                logit_bias: vec![(3, 1.0)],
+                ..base.clone()
+            },
+            SamplingParams {
+                allowed_token_ids: Some(vec![3]),
+                ..base.clone()
+            },
+            SamplingParams {
+                bad_words_token_ids: vec![vec![3]],
                 ..base.clone()
             },
         ];

@@ -169,8 +169,10 @@ impl EngineCoreClient {
 
     fn send_add(&self, req: EngineCoreRequest) -> Result<(), ()> {
         match &self.inner.transport {
-            Transport::InProcess { input, .. } => input.send(CoreInput::Add(req)).map_err(drop),
-            Transport::Process(p) => p.send(&ClientMessage::Add(req)).map_err(drop),
+            Transport::InProcess { input, .. } => {
+                input.send(CoreInput::Add(Box::new(req))).map_err(drop)
+            }
+            Transport::Process(p) => p.send(&ClientMessage::Add(Box::new(req))).map_err(drop),
         }
     }
 

@@ -35,8 +35,9 @@ const IDLE_HEALTH_CHECK: Duration = Duration::from_millis(200);
 
 /// A message from a client to the busy loop.
 pub(crate) enum CoreInput {
-    /// ADD: queue a request.
-    Add(EngineCoreRequest),
+    /// ADD: queue a request (boxed: a request is far larger than the
+    /// other messages).
+    Add(Box<EngineCoreRequest>),
     /// ABORT: drop requests by id.
     Abort(Vec<String>),
     /// UTILITY: call an engine method by name; the answer goes to `reply`.
@@ -184,7 +185,7 @@ fn handle(
     match msg {
         CoreInput::Add(req) => {
             let request_id = req.request_id.clone();
-            if let Err(e) = core.add_request(req) {
+            if let Err(e) = core.add_request(*req) {
                 let _ = outputs.send(CoreOutput::Rejected {
                     request_id,
                     reason: e.to_string(),

@@ -10,6 +10,24 @@ use thiserror::Error;
 /// The largest `logprobs` a request may ask for (vLLM's default `max_logprobs`).
 pub const MAX_LOGPROBS: u32 = 20;
 
+/// The largest `logit_bias` magnitude (OpenAI's range is [-100, 100]).
+pub const MAX_LOGIT_BIAS: f32 = 100.0;
+
+/// Most `logit_bias` or `allowed_token_ids` entries one request may carry:
+/// 2^18 covers every vocabulary in use (the largest hold about 256k
+/// tokens), so a longer list can only repeat ids. The worker walks these
+/// lists every step, so they are bounded even where no server is in front.
+pub const MAX_TOKEN_ID_LIST: usize = 1 << 18;
+
+/// Most banned token sequences (`bad_words` after tokenization), vLLM's
+/// `MAX_NUM_BAD_WORDS`: every step matches each of them against the end of
+/// the output.
+pub const MAX_BAD_WORD_SEQUENCES: usize = 128;
+
+/// Most tokens in all banned sequences together (vLLM's
+/// `MAX_BAD_WORDS_TOTAL_TOKENS`), which bounds that per-step matching.
+pub const MAX_BAD_WORD_TOKENS: usize = 1024;
+
 /// Temperatures below this are treated as greedy decoding, as vLLM does
 /// (`_SAMPLING_EPS`): dividing by a tiny temperature would overflow anyway.
 pub const GREEDY_TEMPERATURE_EPS: f32 = 1e-5;
@@ -64,6 +82,20 @@ pub struct SamplingParams {
     pub prompt_logprobs: Option<u32>,
     /// Leave special tokens out of the detokenized text; default true.
     pub skip_special_tokens: bool,
+    /// OpenAI's `logit_bias`: `(token id, bias)` pairs, each bias in
+    /// [-100, 100], added to the token's logit before the penalties (vLLM's
+    /// order). Pairs naming the same token add up; the server sends each id
+    /// once.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// vLLM's `allowed_token_ids`: when set, only these tokens may be
+    /// sampled (every other logit becomes -inf first). Must not be empty.
+    pub allowed_token_ids: Option<Vec<u32>>,
+    /// vLLM's `bad_words` as token sequences (the worker has no tokenizer,
+    /// so the frontend tokenizes each word): at every step the last token of
+    /// each sequence whose earlier tokens end the output so far is banned,
+    /// so a one-token sequence always is. Errors name the field `bad_words`,
+    /// as clients write it.
+    pub bad_words_token_ids: Vec<Vec<u32>>,
     /// Free-form arguments for sampler plugins; the built-in sampler ignores them.
     #[serde(with = "json_value_anywhere")]
     pub extra_args: Option<serde_json::Value>,
@@ -117,6 +149,9 @@ impl Default for SamplingParams {
             logprobs: None,
             prompt_logprobs: None,
             skip_special_tokens: true,
+            logit_bias: Vec::new(),
+            allowed_token_ids: None,
+            bad_words_token_ids: Vec::new(),
             extra_args: None,
         }
     }
@@ -163,6 +198,11 @@ fn check_closed(
     } else {
         Err(out_of_range(field, value, format!("in [{lo}, {hi}]")))
     }
+}
+
+/// The first of `ids` that is not below `vocab_size`.
+fn first_outside(mut ids: impl Iterator<Item = u32>, vocab_size: usize) -> Option<u32> {
+    ids.find(|&t| t as usize >= vocab_size)
 }
 
 impl SamplingParams {
@@ -220,7 +260,93 @@ impl SamplingParams {
                 return Err(out_of_range(field, k, format!("in [0, {MAX_LOGPROBS}]")));
             }
         }
+        self.validate_token_filters()
+    }
+
+    /// The `logit_bias`, `allowed_token_ids` and `bad_words` part of
+    /// [`Self::validate`]: ranges, finiteness and sizes. Token ids are
+    /// checked against a vocabulary by [`Self::check_vocab`].
+    fn validate_token_filters(&self) -> Result<(), SamplingParamsError> {
+        let list_bound = format!("at most {MAX_TOKEN_ID_LIST} entries");
+        if self.logit_bias.len() > MAX_TOKEN_ID_LIST {
+            return Err(out_of_range(
+                "logit_bias",
+                self.logit_bias.len(),
+                list_bound,
+            ));
+        }
+        for &(token, bias) in &self.logit_bias {
+            // NaN is in no range; infinities are outside this one.
+            if !(-MAX_LOGIT_BIAS..=MAX_LOGIT_BIAS).contains(&bias) {
+                return Err(out_of_range(
+                    "logit_bias",
+                    bias,
+                    format!("in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}] (the bias of token {token})"),
+                ));
+            }
+        }
+        match &self.allowed_token_ids {
+            Some(ids) if ids.is_empty() => {
+                return Err(out_of_range(
+                    "allowed_token_ids",
+                    ids,
+                    "a non-empty list of token ids (or null for no restriction)",
+                ))
+            }
+            Some(ids) if ids.len() > MAX_TOKEN_ID_LIST => {
+                return Err(out_of_range("allowed_token_ids", ids.len(), list_bound))
+            }
+            _ => {}
+        }
+        let words = &self.bad_words_token_ids;
+        if words.len() > MAX_BAD_WORD_SEQUENCES {
+            return Err(out_of_range(
+                "bad_words",
+                words.len(),
+                format!("at most {MAX_BAD_WORD_SEQUENCES} token sequences (a word may make two: with and without a leading space)"),
+            ));
+        }
+        if let Some(empty) = words.iter().find(|w| w.is_empty()) {
+            return Err(out_of_range(
+                "bad_words",
+                empty,
+                "non-empty token sequences",
+            ));
+        }
+        let tokens: usize = words.iter().map(Vec::len).sum();
+        if tokens > MAX_BAD_WORD_TOKENS {
+            return Err(out_of_range(
+                "bad_words",
+                tokens,
+                format!("at most {MAX_BAD_WORD_TOKENS} tokens in all words together, after tokenization"),
+            ));
+        }
         Ok(())
+    }
+
+    /// Checks that every token id the request names (`logit_bias` keys,
+    /// `allowed_token_ids`, the tokens of `bad_words`) is below `vocab_size`.
+    /// The worker ignores ids outside the logits row, so a request naming one
+    /// would silently not get what it asked for; the frontend refuses it.
+    pub fn check_vocab(&self, vocab_size: usize) -> Result<(), SamplingParamsError> {
+        let found = first_outside(self.logit_bias.iter().map(|&(t, _)| t), vocab_size)
+            .map(|t| ("logit_bias", "keyed by token ids", t))
+            .or_else(|| {
+                let ids = self.allowed_token_ids.iter().flatten().copied();
+                first_outside(ids, vocab_size).map(|t| ("allowed_token_ids", "token ids", t))
+            })
+            .or_else(|| {
+                let ids = self.bad_words_token_ids.iter().flatten().copied();
+                first_outside(ids, vocab_size).map(|t| ("bad_words", "tokenized into ids", t))
+            });
+        match found {
+            Some((field, what, token)) => Err(out_of_range(
+                field,
+                token,
+                format!("{what} below the vocabulary size {vocab_size}"),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// True when the next token is the argmax rather than a random draw.

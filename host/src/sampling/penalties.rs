@@ -1,12 +1,13 @@
-//! The logits processors that run before temperature, in vLLM's order:
-//! min_tokens masking, then repetition, frequency and presence penalties.
+//! The logits processors that run before temperature, in vLLM's order
+//! (after `token_filters`): min_tokens masking, then repetition, frequency
+//! and presence penalties.
 //!
 //! Both only touch the few tokens a request has seen, so they work on sparse
 //! sets instead of vocabulary-sized masks. They record each logit's original
 //! value before changing it, so the sampler can still report logprobs of the
 //! raw model output.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use super::params::SamplingParams;
 
@@ -19,13 +20,21 @@ pub struct TokenHistory {
     output_counts: HashMap<u32, u32>,
     /// Number of output tokens so far (min_tokens).
     num_output: usize,
+    /// The last output tokens, at most `tail_len` of them (bad words match
+    /// their earlier tokens against the end of the output).
+    tail: VecDeque<u32>,
+    /// How many output tokens `tail` keeps.
+    tail_len: usize,
 }
 
 impl TokenHistory {
-    /// A history holding the prompt and no output yet.
-    pub fn new(prompt_token_ids: &[u32]) -> Self {
+    /// A history holding the prompt and no output yet, that keeps the last
+    /// `tail_len` output tokens for [`Self::output_ends_with`].
+    pub fn new(prompt_token_ids: &[u32], tail_len: usize) -> Self {
         Self {
             seen: prompt_token_ids.iter().copied().collect(),
+            tail: VecDeque::with_capacity(tail_len),
+            tail_len,
             ..Self::default()
         }
     }
@@ -35,6 +44,23 @@ impl TokenHistory {
         self.seen.insert(token);
         *self.output_counts.entry(token).or_insert(0) += 1;
         self.num_output += 1;
+        if self.tail_len > 0 {
+            if self.tail.len() == self.tail_len {
+                self.tail.pop_front();
+            }
+            self.tail.push_back(token);
+        }
+    }
+
+    /// Whether the output so far ends with `suffix` (always, when it is
+    /// empty). A suffix longer than the kept tail never matches: the tail is
+    /// sized for the longest one the request asks about.
+    pub fn output_ends_with(&self, suffix: &[u32]) -> bool {
+        suffix.len() <= self.tail.len()
+            && self
+                .tail
+                .range(self.tail.len() - suffix.len()..)
+                .eq(suffix.iter())
     }
 
     /// Number of generated tokens recorded so far.
@@ -51,7 +77,7 @@ impl TokenHistory {
 /// Sets `logits[token]` to `value`, first saving the original in `saved`.
 /// Token ids outside the row are ignored: a stop token id larger than the
 /// model's vocabulary can never be sampled, so there is nothing to mask.
-fn overwrite(
+pub(super) fn overwrite(
     logits: &mut [f32],
     token: u32,
     value: impl FnOnce(f32) -> f32,

@@ -4,11 +4,13 @@
 //! 1. log-probabilities of the **raw** model output (vLLM's default
 //!    `logprobs_mode = raw_logprobs`): the sampled token's logprob and the
 //!    top-`logprobs` alternatives are taken before any processing below;
-//! 2. min_tokens: mask EOS and stop tokens until `min_tokens` were generated;
-//! 3. penalties: repetition, then frequency and presence;
-//! 4. greedy (temperature < 1e-5): argmax of the penalised logits, ignoring
+//! 2. the request's token filters (`token_filters.rs`): the
+//!    `allowed_token_ids` mask, the `bad_words` bans, then `logit_bias`;
+//! 3. min_tokens: mask EOS and stop tokens until `min_tokens` were generated;
+//! 4. penalties: repetition, then frequency and presence;
+//! 5. greedy (temperature < 1e-5): argmax of the penalised logits, ignoring
 //!    top-k/top-p/min-p; otherwise
-//! 5. temperature, then min-p (relative to the most likely token), then top-k,
+//! 6. temperature, then min-p (relative to the most likely token), then top-k,
 //!    then top-p over what is left (see `nucleus.rs`), then one inverse-CDF
 //!    draw. No step sorts the vocabulary.
 //!
@@ -23,6 +25,7 @@ use super::params::SamplingParams;
 use super::penalties::{apply_min_tokens, apply_penalties, TokenHistory};
 use super::rng::Xoshiro256StarStar;
 use super::select::{argmax, log_sum_exp, max_value, top_k_desc, top_k_in_index_order};
+use super::token_filters::{apply_allowed_token_ids, apply_bad_words, apply_logit_bias};
 
 /// One sampled token with its log-probability under the raw model output.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,8 +61,11 @@ pub struct RequestSampler {
     rng: Xoshiro256StarStar,
     eos_token_id: Option<u32>,
     history: TokenHistory,
-    /// Original values of logits changed by min_tokens or the penalties.
+    /// Original values of logits changed by the token filters (but the allow
+    /// mask), min_tokens or the penalties.
     saved: Vec<(u32, f32)>,
+    /// The allowed tokens' logits while the allow mask fills the row.
+    allowed_scratch: Vec<(u32, f32)>,
     /// Positive weights reordered by the top-p select.
     select_scratch: Vec<f32>,
     /// Candidates `(token, logit)`: top-k survivors or top logprobs.
@@ -74,6 +80,8 @@ impl RequestSampler {
     /// State for a new request. The generator is seeded from `params.seed`, or
     /// from OS randomness when there is none. `eos_token_id` comes from the
     /// tokenizer; it is masked while fewer than `min_tokens` were generated.
+    /// The history keeps as many output tokens as the longest `bad_words`
+    /// sequence needs to match.
     pub fn new(
         params: &SamplingParams,
         prompt_token_ids: &[u32],
@@ -86,8 +94,9 @@ impl RequestSampler {
         Self {
             rng,
             eos_token_id,
-            history: TokenHistory::new(prompt_token_ids),
+            history: TokenHistory::new(prompt_token_ids, bad_words_tail(params)),
             saved: Vec::new(),
+            allowed_scratch: Vec::new(),
             select_scratch: Vec::new(),
             candidates: Vec::new(),
             logit_scratch: Vec::new(),
@@ -115,8 +124,8 @@ impl RequestSampler {
     /// Samples the next token from one row of logits (length = vocabulary
     /// size) and records it in the history.
     ///
-    /// On return `logits` holds the row after min_tokens masking and the
-    /// penalties (temperature and the top-k/p/min-p cuts are not written back).
+    /// On return `logits` holds the row after the token filters, min_tokens
+    /// masking and the penalties (temperature and the top-k/p/min-p cuts are not written back).
     ///
     /// # Panics
     /// If `logits` is empty: the worker never produces an empty row.
@@ -126,8 +135,8 @@ impl RequestSampler {
         self.finish(logits, token, prepared)
     }
 
-    /// The first half of [`Self::sample`]: the raw logprobs, then min_tokens
-    /// and the penalties applied to `logits` in place. Follow it with
+    /// The first half of [`Self::sample`]: the raw logprobs, then the token
+    /// filters, min_tokens and the penalties applied to `logits` in place. Follow it with
     /// [`Self::choose`] (or a sampler plugin's choice) and [`Self::finish`].
     ///
     /// # Panics
@@ -149,6 +158,18 @@ impl RequestSampler {
             _ => Vec::new(),
         };
         self.saved.clear();
+        apply_allowed_token_ids(
+            logits,
+            params.allowed_token_ids.as_deref(),
+            &mut self.allowed_scratch,
+        );
+        apply_bad_words(
+            logits,
+            &params.bad_words_token_ids,
+            &self.history,
+            &mut self.saved,
+        );
+        apply_logit_bias(logits, &params.logit_bias, &mut self.saved);
         apply_min_tokens(
             logits,
             params,
@@ -268,6 +289,17 @@ impl RequestSampler {
             (None, _) => argmax(logits) as u32,
         }
     }
+}
+
+/// How many output tokens a request's `bad_words` look back at: all but the
+/// last token of its longest sequence.
+fn bad_words_tail(params: &SamplingParams) -> usize {
+    params
+        .bad_words_token_ids
+        .iter()
+        .map(|w| w.len().saturating_sub(1))
+        .max()
+        .unwrap_or(0)
 }
 
 /// Inverse-CDF draw: the first index whose cumulative weight exceeds

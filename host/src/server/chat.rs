@@ -17,6 +17,7 @@ use super::limits;
 use super::params;
 use super::protocol::{ChatCompletionRequest, SamplingRequest, Usage};
 use super::sse::{self, ChunkFormat};
+use super::structured;
 use super::AppState;
 use crate::engine::Delta;
 use crate::sampling::MAX_LOGPROBS;
@@ -32,6 +33,10 @@ pub async fn create(
     fields::check_fields(&body, Endpoint::Chat)?;
     let req: ChatCompletionRequest = params::typed(&body)?;
     app.check_model(req.model.as_deref())?;
+    let constraint = structured::from_fields(
+        req.response_format.as_ref(),
+        req.structured_outputs.as_ref(),
+    )?;
     let logprobs = match (req.logprobs, req.top_logprobs) {
         (_, Some(k)) if k > MAX_LOGPROBS => {
             return Err(ApiError::field(
@@ -64,11 +69,16 @@ pub async fn create(
     }
     // As in vLLM, an unset max_tokens lets the answer run to the context's end.
     let defaulted = sampling.max_tokens.is_none() && sampling.max_completion_tokens.is_none();
-    let params =
-        params::sampling_params(&sampling, logprobs, app.default_max_tokens(prompt.len()))?;
+    let mut params = params::sampling_params(
+        &sampling,
+        logprobs,
+        app.default_max_tokens(prompt.len()),
+        &app.tokenizer,
+    )?;
     let max_model_len = app.client.max_model_len();
     let max_tokens = (sampling.max_tokens_field(), params.max_tokens);
     limits::check_context("messages", prompt.len(), max_tokens, max_model_len)?;
+    app.constrain(&mut params, constraint, &sampling).await?;
     let id = app.next_request_id("chatcmpl");
     let seqs = generate::start(&app, &id, vec![prompt], &params, sampling.priority.unwrap_or(0))
         .await

@@ -25,6 +25,7 @@ use super::limits;
 use super::params::{self, PromptInput};
 use super::protocol::{CompletionRequest, SamplingRequest, Usage};
 use super::sse::{self, ChunkFormat};
+use super::structured;
 use super::AppState;
 use crate::engine::Delta;
 use crate::step::{Logprobs, PromptLogprob};
@@ -44,6 +45,10 @@ pub async fn create(
     fields::check_fields(&body, Endpoint::Completions)?;
     let req: CompletionRequest = params::typed(&body)?;
     app.check_model(req.model.as_deref())?;
+    let constraint = structured::from_fields(
+        req.response_format.as_ref(),
+        req.structured_outputs.as_ref(),
+    )?;
     let mut sampling: SamplingRequest = params::typed(&body)?;
     if req.stream && sampling.prompt_logprobs.is_some() {
         return Err(ApiError::field(
@@ -58,7 +63,8 @@ pub async fn create(
         sampling.max_completion_tokens = None;
         sampling.max_tokens = Some(1);
     }
-    let mut params = params::sampling_params(&sampling, req.logprobs, DEFAULT_MAX_TOKENS)?;
+    let mut params =
+        params::sampling_params(&sampling, req.logprobs, DEFAULT_MAX_TOKENS, &app.tokenizer)?;
     // Echoed logprobs are the prompt logprobs, computed in the prefill.
     if let Some(k) = req.logprobs.filter(|_| req.echo) {
         params.prompt_logprobs = Some(params.prompt_logprobs.map_or(k, |p| p.max(k)));
@@ -89,6 +95,7 @@ pub async fn create(
         };
         limits::check_context(&field, prompt.len(), max_tokens, max_model_len)?;
     }
+    app.constrain(&mut params, constraint, &sampling).await?;
     let id = app.next_request_id("cmpl");
     let echo = req.echo.then(|| Echo {
         texts: echo_texts,

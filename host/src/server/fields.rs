@@ -45,11 +45,6 @@ fn unset_or_one(v: &Value) -> bool {
     v.is_null() || v.as_f64() == Some(1.0)
 }
 
-/// `null` or `{"type": "text"}`: plain text, what every answer is.
-fn text_format(v: &Value) -> bool {
-    v.is_null() || v.get("type").and_then(Value::as_str) == Some("text")
-}
-
 /// `null`, `[]` or `["text"]`: text output, what every answer is.
 fn text_modalities(v: &Value) -> bool {
     unset(v) || v.as_array().is_some_and(|m| m.len() == 1 && m[0] == "text")
@@ -61,9 +56,16 @@ pub(super) fn no_forced_call(v: &Value) -> bool {
     v.is_null() || matches!(v.as_str(), Some("none" | "auto"))
 }
 
-/// Why the structured-output fields are refused.
-const STRUCTURED: &str =
-    "structured output (guided decoding, JSON mode) is not supported; describe the format in the prompt";
+/// Why each of vLLM's `guided_*` fields (removed in vLLM 0.12) is refused:
+/// the `structured_outputs` key that replaced it.
+const GUIDED_JSON: &str = "was removed in vLLM 0.12 and is not supported; send `structured_outputs: {\"json\": <schema>}` (or `response_format` of type json_schema)";
+const GUIDED_REGEX: &str =
+    "was removed in vLLM 0.12 and is not supported; send `structured_outputs: {\"regex\": <pattern>}`";
+const GUIDED_CHOICE: &str =
+    "was removed in vLLM 0.12 and is not supported; send `structured_outputs: {\"choice\": [...]}`";
+const GUIDED_GRAMMAR: &str = "was removed in vLLM 0.12 and is not supported; send `structured_outputs: {\"grammar\": <Lark grammar>}`";
+const GUIDED_BACKEND: &str = "was removed in vLLM 0.12 and is not supported; drop it: `structured_outputs` is served by the structured-output plugin";
+const GUIDED_WHITESPACE: &str = "was removed in vLLM 0.12 and is not supported; send `structured_outputs: {..., \"whitespace_pattern\": <pattern>}`";
 /// Why the tool-calling fields (and the `tool` role) are refused.
 pub(super) const TOOLS: &str = "tool and function calling are not supported";
 
@@ -72,15 +74,13 @@ pub(super) const TOOLS: &str = "tool and function calling are not supported";
 /// never answered as if it had not asked. Both endpoints share the table;
 /// a field only the other endpoint defines is refused the same way.
 const UNSUPPORTED: &[(&str, Neutral, &str)] = &[
-    ("response_format", text_format, STRUCTURED),
-    ("guided_json", unset, STRUCTURED),
-    ("guided_regex", unset, STRUCTURED),
-    ("guided_choice", unset, STRUCTURED),
-    ("guided_grammar", unset, STRUCTURED),
-    ("guided_decoding_backend", unset, STRUCTURED),
-    ("guided_whitespace_pattern", unset, STRUCTURED),
-    ("structured_outputs", unset, STRUCTURED),
-    ("structural_tag", unset, STRUCTURED),
+    ("guided_json", unset, GUIDED_JSON),
+    ("guided_regex", unset, GUIDED_REGEX),
+    ("guided_choice", unset, GUIDED_CHOICE),
+    ("guided_grammar", unset, GUIDED_GRAMMAR),
+    ("guided_decoding_backend", unset, GUIDED_BACKEND),
+    ("guided_whitespace_pattern", unset, GUIDED_WHITESPACE),
+    ("structural_tag", unset, "structural tags are not supported; send `structured_outputs` with json, regex, choice or grammar"),
     ("tools", unset, TOOLS),
     ("tool_choice", no_forced_call, TOOLS),
     ("functions", unset, TOOLS),
@@ -91,21 +91,6 @@ const UNSUPPORTED: &[(&str, Neutral, &str)] = &[
     ("best_of", unset_or_one, "best_of other than 1 is not supported; use n for more choices"),
     ("use_beam_search", unset, "beam search is not supported"),
     ("length_penalty", unset_or_one, "length_penalty applies to beam search, which is not supported"),
-    (
-        "logit_bias",
-        unset,
-        "logit_bias is not supported; a sampler plugin can take it through extra_args",
-    ),
-    (
-        "allowed_token_ids",
-        unset,
-        "allowed_token_ids is not supported; a logits-processor plugin can restrict tokens through extra_args",
-    ),
-    (
-        "bad_words",
-        unset,
-        "bad_words is not supported; a logits-processor plugin can ban tokens through extra_args",
-    ),
     (
         "logits_processors",
         unset,
@@ -373,18 +358,12 @@ mod tests {
     #[test]
     fn unsupported_fields_are_refused_unless_neutral() {
         let cases: &[(&str, Value, Value)] = &[
-            (
-                "response_format",
-                json!({"type": "json_object"}),
-                json!({"type": "text"}),
-            ),
             ("guided_json", json!({"type": "object"}), json!(null)),
             ("guided_regex", json!("[a-z]+"), json!(null)),
             ("guided_choice", json!(["yes", "no"]), json!(null)),
             ("guided_grammar", json!("root ::= \"a\""), json!(null)),
             ("guided_decoding_backend", json!("xgrammar"), json!(null)),
             ("guided_whitespace_pattern", json!(" *"), json!(null)),
-            ("structured_outputs", json!({"json": {}}), json!(null)),
             ("structural_tag", json!("{}"), json!(null)),
             ("tools", json!([{"type": "function"}]), json!([])),
             ("tool_choice", json!("required"), json!("auto")),
@@ -397,9 +376,6 @@ mod tests {
             ("best_of", json!(2), json!(1)),
             ("use_beam_search", json!(true), json!(false)),
             ("length_penalty", json!(0.5), json!(1.0)),
-            ("logit_bias", json!({"5": 1}), json!({})),
-            ("allowed_token_ids", json!([1, 2]), json!(null)),
-            ("bad_words", json!(["x"]), json!([])),
             ("logits_processors", json!(["m.P"]), json!(null)),
             ("spaces_between_special_tokens", json!(false), json!(true)),
             ("return_tokens_as_token_ids", json!(true), json!(false)),
@@ -438,6 +414,33 @@ mod tests {
             e.param.as_deref(),
             Some("stream_options.continuous_usage_stats")
         );
+    }
+
+    #[test]
+    fn removed_guided_fields_name_their_structured_outputs_key() {
+        for (field, key) in [
+            ("guided_json", "{\"json\": <schema>}"),
+            ("guided_regex", "{\"regex\": <pattern>}"),
+            ("guided_choice", "{\"choice\": [...]}"),
+            ("guided_grammar", "{\"grammar\": <Lark grammar>}"),
+            (
+                "guided_whitespace_pattern",
+                "\"whitespace_pattern\": <pattern>",
+            ),
+            ("guided_decoding_backend", "drop it"),
+        ] {
+            let e = check_fields(&json!({ field: "x" }), Endpoint::Chat).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(field));
+            assert!(e.message.contains("structured_outputs"), "{e:?}");
+            assert!(e.message.contains(key), "{field}: {e:?}");
+        }
+        // The fields that replace them are honoured, not refused nor ignored.
+        let body = json!({"response_format": {"type": "json_object"},
+            "structured_outputs": {"regex": "a"}});
+        for endpoint in [Endpoint::Completions, Endpoint::Chat] {
+            assert!(check_fields(&body, endpoint).is_ok());
+            assert_eq!(ignored_fields(&body, endpoint).1, 0, "{endpoint:?}");
+        }
     }
 
     #[test]
@@ -507,12 +510,13 @@ mod tests {
         let body = json!({"prompt": "p", "frobnicate": 1, "add_generation_prompt": true});
         assert!(check_fields(&body, Endpoint::Completions).is_ok());
         // add_generation_prompt is the chat endpoint's field, not this one's.
+        // Named in the order the request gave them.
         assert_eq!(
             ignored_fields(&body, Endpoint::Completions),
             (
                 vec![
-                    "add_generation_prompt".to_string(),
-                    "frobnicate".to_string()
+                    "frobnicate".to_string(),
+                    "add_generation_prompt".to_string()
                 ],
                 2
             )
@@ -532,6 +536,15 @@ mod tests {
         let (names, count) = ignored_fields(&Value::Object(many), Endpoint::Completions);
         assert_eq!((names.len(), count), (IGNORED_LOGGED, 100));
         assert!(names.iter().all(|n| n.len() == IGNORED_NAME_CHARS));
+    }
+
+    #[test]
+    fn token_filter_fields_are_honoured() {
+        let body = json!({"logit_bias": {"5": 1}, "allowed_token_ids": [1], "bad_words": ["x"]});
+        for endpoint in [Endpoint::Completions, Endpoint::Chat] {
+            assert!(check_fields(&body, endpoint).is_ok());
+            assert_eq!(ignored_fields(&body, endpoint).1, 0, "{endpoint:?}");
+        }
     }
 
     #[test]

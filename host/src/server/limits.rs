@@ -12,6 +12,21 @@ use serde_json::Value;
 
 use super::error::ApiError;
 use crate::config::ServerConfig;
+use crate::sampling::{MAX_BAD_WORD_SEQUENCES, MAX_BAD_WORD_TOKENS, MAX_TOKEN_ID_LIST};
+
+/// Most `bad_words` in one request: each may become two banned sequences
+/// (with and without a leading space), which makes the sampler's limit.
+pub const MAX_BAD_WORDS: usize = MAX_BAD_WORD_SEQUENCES / 2;
+
+/// Most bytes of `bad_words` text in one request, checked before it is
+/// tokenized. A byte-level tokenizer makes at most one token per byte, and
+/// each word is tokenized twice, once after an added space, so words within
+/// this budget always fit the sampler's token limit.
+pub const MAX_BAD_WORDS_BYTES: usize = (MAX_BAD_WORD_TOKENS - MAX_BAD_WORDS) / 2;
+
+// Words within both bounds fit the sampler's token budget even at a token
+// per byte, tokenized with and without a space.
+const _: () = assert!(2 * MAX_BAD_WORDS_BYTES + MAX_BAD_WORDS <= MAX_BAD_WORD_TOKENS);
 
 /// 400 unless `value <= limit`, naming the field, both numbers and the
 /// `[server]` key that sets the limit.
@@ -28,6 +43,24 @@ pub fn at_most(
     Err(ApiError::field(
         field,
         format!("{value} {unit}, but this server allows at most {limit} (its `server.{key}`)"),
+    ))
+}
+
+/// 400 unless `value <= limit` for a bound that is not a setting; `why`
+/// says where it comes from.
+fn at_most_fixed(
+    field: &str,
+    value: u64,
+    unit: &str,
+    limit: usize,
+    why: &str,
+) -> Result<(), ApiError> {
+    if value <= limit as u64 {
+        return Ok(());
+    }
+    Err(ApiError::field(
+        field,
+        format!("{value} {unit}, but at most {limit} are allowed ({why})"),
     ))
 }
 
@@ -146,9 +179,9 @@ fn prompt_tokens(field: &str, tokens: usize, max_model_len: usize) -> Result<(),
 }
 
 /// The bounds of the sampling fields both endpoints share: `n`, `stop`,
-/// `stop_token_ids`, `logit_bias` (counted even though it is refused, so
-/// the message is about its size when that is what is wrong) and
-/// `extra_args` / `vllm_xargs`.
+/// `stop_token_ids`, `logit_bias`, `allowed_token_ids`, `bad_words` and what
+/// travels to plugins in `extra_args`: `extra_args`, `vllm_xargs`,
+/// `response_format` and `structured_outputs`.
 pub fn check_sampling(body: &Value, config: &ServerConfig) -> Result<(), ApiError> {
     if let Some(n) = body.get("n").and_then(Value::as_u64) {
         at_most("n", n, "choices", config.max_n as usize, "max_n")?;
@@ -200,12 +233,43 @@ pub fn check_sampling(body: &Value, config: &ServerConfig) -> Result<(), ApiErro
             "max_logit_bias",
         )?;
     }
-    // The two are merged into one `extra_args`, so they share the bound.
+    if let Some(ids) = body.get("allowed_token_ids").and_then(Value::as_array) {
+        let why = "every vocabulary in use is smaller, so a longer list only repeats ids";
+        at_most_fixed(
+            "allowed_token_ids",
+            len(ids.len()),
+            "token ids",
+            MAX_TOKEN_ID_LIST,
+            why,
+        )?;
+    }
+    if let Some(words) = body.get("bad_words").and_then(Value::as_array) {
+        let why = "each word may become two banned token sequences, and the sampler matches every \
+                   one at each step";
+        at_most_fixed("bad_words", len(words.len()), "words", MAX_BAD_WORDS, why)?;
+        let bytes = words
+            .iter()
+            .filter_map(Value::as_str)
+            .map(|w| len(w.len()))
+            .sum();
+        let why = "the words are tokenized twice, and their tokens are matched at each step";
+        let unit = "bytes in all words together";
+        at_most_fixed("bad_words", bytes, unit, MAX_BAD_WORDS_BYTES, why)?;
+    }
+    // The two are merged into one `extra_args`, and the structured-output
+    // constraint (a schema, regex, choice list or grammar) travels in it
+    // too: they share the bound.
     let mut extra = 0;
-    for field in ["extra_args", "vllm_xargs"] {
+    for field in [
+        "extra_args",
+        "vllm_xargs",
+        "response_format",
+        "structured_outputs",
+    ] {
         if let Some(v) = body.get(field) {
             extra += json_len(v);
-            let unit = "bytes of extra_args and vllm_xargs together, as compact JSON";
+            let unit = "bytes of extra_args, vllm_xargs, response_format and structured_outputs \
+                together, as compact JSON";
             at_most(
                 field,
                 extra,
@@ -472,6 +536,35 @@ mod tests {
     }
 
     #[test]
+    fn allowed_token_ids_and_bad_words_are_bounded() {
+        let ids = vec![0; MAX_TOKEN_ID_LIST];
+        assert!(completion(json!({"prompt": "x", "allowed_token_ids": ids})).is_ok());
+        let ids = vec![0; MAX_TOKEN_ID_LIST + 1];
+        let e = completion(json!({"prompt": "x", "allowed_token_ids": ids})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("allowed_token_ids"));
+        assert!(
+            e.message.contains("262145 token ids, but at most 262144"),
+            "{e:?}"
+        );
+
+        let words = vec!["a"; MAX_BAD_WORDS];
+        assert!(chat(json!({"bad_words": words})).is_ok());
+        let words = vec!["a"; MAX_BAD_WORDS + 1];
+        let e = chat(json!({"bad_words": words})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("bad_words"));
+        assert!(e.message.contains("65 words, but at most 64"), "{e:?}");
+        // 480 bytes in all: two words of 240 fit, 241 does not.
+        let word = "b".repeat(240);
+        assert!(chat(json!({"bad_words": [word, word]})).is_ok());
+        let e = chat(json!({"bad_words": [word, format!("{word}b")]})).unwrap_err();
+        assert!(
+            e.message
+                .contains("481 bytes in all words together, but at most 480"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
     fn logit_bias_entries_are_counted() {
         assert!(completion(json!({"prompt": "x", "logit_bias": {"1": 1, "2": 1}})).is_ok());
         refused(
@@ -503,6 +596,24 @@ mod tests {
             ),
             "vllm_xargs",
             21,
+            20,
+            "max_extra_args_bytes",
+        );
+        // A schema or regex travels in extra_args too, so it counts.
+        let regex = json!({"regex": "12345"});
+        assert!(chat(json!({"structured_outputs": regex})).is_ok());
+        refused(
+            chat(json!({"extra_args": {"a": 1}, "structured_outputs": regex})),
+            "structured_outputs",
+            24,
+            20,
+            "max_extra_args_bytes",
+        );
+        let format = json!({"type": "json_schema", "json_schema": {"name": "n", "schema": {}}});
+        refused(
+            chat(json!({"response_format": format})),
+            "response_format",
+            61,
             20,
             "max_extra_args_bytes",
         );

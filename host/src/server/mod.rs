@@ -15,7 +15,9 @@
 //! `listener` (accept loop, connection cap, timeouts), `error`;
 //! `tokenize` (`/tokenize`, `/detokenize`), `responses` (`/v1/responses`
 //! and its in-memory store), `plugins` (`/v1/plugins`), `web` (the
-//! playground page at `/`).
+//! playground page at `/`); `structured` (`response_format`,
+//! `structured_outputs` and `text.format` into the constraint a
+//! logits-processor plugin reads from `extra_args`).
 
 mod admin;
 mod admission;
@@ -35,6 +37,7 @@ pub mod protocol;
 mod responses;
 mod routes;
 mod sse;
+mod structured;
 mod tokenize;
 mod web;
 
@@ -61,6 +64,17 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// clients see why, before the process exits non-zero.
 const DEAD_GRACE: Duration = Duration::from_secs(1);
 
+/// A check of a request's final `extra_args` before it is queued, so that
+/// what a plugin cannot take (a JSON schema or grammar that does not
+/// compile) is a 400 rather than a failure mid-generation. It runs on a
+/// blocking thread: compiling a grammar may take milliseconds.
+pub trait RequestCheck: Send + Sync {
+    /// `Ok` when the plugins can serve `extra_args` (`None`: the request
+    /// has none); otherwise why not, in a sentence that names the plugin
+    /// and the problem, which the client gets as the 400's message.
+    fn check(&self, extra_args: Option<&serde_json::Value>) -> Result<(), String>;
+}
+
 /// What every handler shares.
 pub struct AppState {
     /// The engine core.
@@ -81,6 +95,8 @@ pub struct AppState {
     pub config: ServerConfig,
     /// Unix time the server started (`/v1/models`' `created`).
     pub created: u64,
+    /// The plugins' check of a request's `extra_args`, if any.
+    check: Option<Arc<dyn RequestCheck>>,
     shutting_down: AtomicBool,
     next_id: AtomicU64,
     /// Engine requests waiting for their first output, against
@@ -95,6 +111,7 @@ impl AppState {
         tokenizer: Tokenizer,
         config: &EngineConfig,
         plugins: serde_json::Value,
+        check: Option<Arc<dyn RequestCheck>>,
     ) -> AppState {
         let model_name = served_model_name(config);
         AppState {
@@ -110,6 +127,7 @@ impl AppState {
             ),
             config: config.server.clone(),
             created: unix_now(),
+            check,
             shutting_down: AtomicBool::new(false),
             next_id: AtomicU64::new(0),
             admission: admission::Admission::new(config.server.max_waiting_requests),
@@ -194,16 +212,27 @@ fn unix_now() -> u64 {
 
 /// Starts the engine, then serves until SIGTERM / Ctrl-C (exit 0) or until
 /// the engine dies (an error, so the process exits non-zero).
-pub fn serve(config: &EngineConfig, plugins: serde_json::Value) -> anyhow::Result<()> {
+///
+/// `check`, when given, vets every generation request's final `extra_args`
+/// before it is queued ([`RequestCheck`]).
+pub fn serve(
+    config: &EngineConfig,
+    plugins: serde_json::Value,
+    check: Option<Arc<dyn RequestCheck>>,
+) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("http")
         .build()
         .context("starting the HTTP server's runtime")?;
-    runtime.block_on(run(config, plugins))
+    runtime.block_on(run(config, plugins, check))
 }
 
-async fn run(config: &EngineConfig, plugins: serde_json::Value) -> anyhow::Result<()> {
+async fn run(
+    config: &EngineConfig,
+    plugins: serde_json::Value,
+    check: Option<Arc<dyn RequestCheck>>,
+) -> anyhow::Result<()> {
     let addr = format!("{}:{}", config.server.host, config.server.port);
     // Bind first: a taken port should fail before a slow model load.
     let listener = tokio::net::TcpListener::bind(&addr)
@@ -219,7 +248,13 @@ async fn run(config: &EngineConfig, plugins: serde_json::Value) -> anyhow::Resul
     })
     .await
     .context("the engine start-up panicked")??;
-    let app = Arc::new(AppState::new(client.clone(), tokenizer, config, plugins));
+    let app = Arc::new(AppState::new(
+        client.clone(),
+        tokenizer,
+        config,
+        plugins,
+        check,
+    ));
     let local = listener.local_addr()?;
     // Tests and scripts wait for this line.
     println!(

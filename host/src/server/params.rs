@@ -9,7 +9,7 @@ use super::error::ApiError;
 use super::fields::{IGNORED_NAME_CHARS, TOOLS};
 use super::protocol::{MessageContent, RequestMessage, SamplingRequest, StopField};
 use crate::sampling::{SamplingParams, SamplingParamsError};
-use crate::tokenizer::ChatMessage;
+use crate::tokenizer::{ChatMessage, Tokenizer};
 
 /// Parses the body as a JSON object (the caller reads the typed parts from
 /// it with [`typed`]).
@@ -49,14 +49,36 @@ fn missing_field(message: &str) -> Option<String> {
     Some(rest.split('`').next()?.to_string())
 }
 
+/// What reading the sampling fields needs of the model's tokenizer: the
+/// vocabulary token ids are checked against, and `bad_words` turned into
+/// token sequences (the worker, which applies them, has no tokenizer).
+pub trait SamplingVocab {
+    /// Number of token ids (ids are `0..vocab_size`).
+    fn vocab_size(&self) -> usize;
+    /// The token ids of `text`, without special tokens.
+    fn encode_text(&self, text: &str) -> Result<Vec<u32>, String>;
+}
+
+impl SamplingVocab for Tokenizer {
+    fn vocab_size(&self) -> usize {
+        Tokenizer::vocab_size(self)
+    }
+
+    fn encode_text(&self, text: &str) -> Result<Vec<u32>, String> {
+        self.encode(text, false).map_err(|e| e.to_string())
+    }
+}
+
 /// The sampling parameters of a request, validated. `logprobs` is the
 /// endpoint's own reading of its logprobs fields; `default_max_tokens` is
 /// used when the request sets neither `max_tokens` nor
-/// `max_completion_tokens`.
+/// `max_completion_tokens`; `vocab` checks token ids and tokenizes
+/// `bad_words`.
 pub fn sampling_params(
     req: &SamplingRequest,
     logprobs: Option<u32>,
     default_max_tokens: u32,
+    vocab: &dyn SamplingVocab,
 ) -> Result<SamplingParams, ApiError> {
     let d = SamplingParams::default();
     let extra_args = match (&req.extra_args, &req.vllm_xargs) {
@@ -103,14 +125,77 @@ pub fn sampling_params(
         logprobs,
         prompt_logprobs: req.prompt_logprobs,
         skip_special_tokens: req.skip_special_tokens.unwrap_or(d.skip_special_tokens),
+        logit_bias: logit_bias(req.logit_bias.as_ref())?,
+        allowed_token_ids: req.allowed_token_ids.clone(),
+        bad_words_token_ids: bad_word_sequences(
+            req.bad_words.as_deref().unwrap_or_default(),
+            vocab,
+        )?,
         extra_args,
     };
-    params.validate().map_err(|e| {
-        let SamplingParamsError::OutOfRange { field, .. } = &e;
-        // The chat API's name for the logprobs count is `top_logprobs`.
-        ApiError::field(field, e.to_string().trim_start_matches(field).trim_start())
-    })?;
+    params
+        .validate()
+        .and_then(|()| params.check_vocab(vocab.vocab_size()))
+        .map_err(|e| {
+            let SamplingParamsError::OutOfRange { field, .. } = &e;
+            // The chat API's name for the logprobs count is `top_logprobs`.
+            ApiError::field(field, e.to_string().trim_start_matches(field).trim_start())
+        })?;
     Ok(params)
+}
+
+/// `logit_bias`'s keys as token ids. A key must be the id in plain decimal
+/// (`"50256"`, not `"050256"` or `"+50256"`), so two keys never name the
+/// same token.
+fn logit_bias(
+    bias: Option<&std::collections::BTreeMap<String, f32>>,
+) -> Result<Vec<(u32, f32)>, ApiError> {
+    bias.into_iter()
+        .flatten()
+        .map(|(key, &b)| match key.parse::<u32>() {
+            Ok(id) if id.to_string() == *key => Ok((id, b)),
+            _ => Err(ApiError::field(
+                "logit_bias",
+                format!(
+                    "has the key {:?}, which is not a token id; keys are token ids written in \
+                     decimal, as {{\"50256\": -100}}",
+                    key.chars().take(IGNORED_NAME_CHARS).collect::<String>()
+                ),
+            )),
+        })
+        .collect()
+}
+
+/// vLLM's tokenization of `bad_words` (`SamplingParams.update_from_tokenizer`):
+/// each word, leading whitespace removed, as it would appear at the start of
+/// the text, and again after a space (`" word"`) when that spelling starts
+/// with a different token but is as long, so the word is banned both at the
+/// start and in the middle of the text.
+fn bad_word_sequences(
+    words: &[String],
+    vocab: &dyn SamplingVocab,
+) -> Result<Vec<Vec<u32>>, ApiError> {
+    let mut sequences = Vec::with_capacity(words.len() * 2);
+    for (i, word) in words.iter().enumerate() {
+        let field = || format!("bad_words[{i}]");
+        let word = word.trim_start();
+        let encode = |text: &str| match vocab.encode_text(text) {
+            Ok(ids) if !ids.is_empty() => Ok(ids),
+            Ok(_) => Err(ApiError::field(
+                &field(),
+                "is empty (or only whitespace); give a word to ban",
+            )),
+            Err(e) => Err(ApiError::field(&field(), e)),
+        };
+        let plain = encode(word)?;
+        let spaced = encode(&format!(" {word}"))?;
+        let new_word_start = spaced[0] != plain[0] && spaced.len() == plain.len();
+        sequences.push(plain);
+        if new_word_start {
+            sequences.push(spaced);
+        }
+    }
+    Ok(sequences)
 }
 
 /// The seed of choice `index` of `n`: seeded requests give each choice its
@@ -243,6 +328,30 @@ fn role(index: usize, role: &str) -> Result<&'static str, ApiError> {
     }
 }
 
+/// A hand-written tokenizer of 100 tokens that knows the texts listed, for
+/// unit tests of the sampling fields.
+#[cfg(test)]
+pub(super) struct Words(pub &'static [(&'static str, &'static [u32])]);
+
+#[cfg(test)]
+impl SamplingVocab for Words {
+    fn vocab_size(&self) -> usize {
+        100
+    }
+
+    fn encode_text(&self, text: &str) -> Result<Vec<u32>, String> {
+        match self.0.iter().find(|(t, _)| *t == text) {
+            Some((_, ids)) => Ok(ids.to_vec()),
+            None if text.trim().is_empty() => Ok(Vec::new()),
+            None => Err(format!("no ids for {text:?}")),
+        }
+    }
+}
+
+/// [`Words`] that knows no text: for requests without `bad_words`.
+#[cfg(test)]
+pub(super) const NO_WORDS: Words = Words(&[]);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -250,7 +359,7 @@ mod tests {
     use serde_json::json;
 
     fn sampling(body: Value) -> Result<SamplingParams, ApiError> {
-        sampling_params(&typed::<SamplingRequest>(&body)?, None, 16)
+        sampling_params(&typed::<SamplingRequest>(&body)?, None, 16, &NO_WORDS)
     }
 
     #[test]
@@ -288,7 +397,7 @@ mod tests {
                 "{body}: {e:?}"
             );
         }
-        let e = sampling_params(&SamplingRequest::default(), Some(21), 16).unwrap_err();
+        let e = sampling_params(&SamplingRequest::default(), Some(21), 16, &NO_WORDS).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("logprobs"));
     }
 
@@ -324,6 +433,101 @@ mod tests {
             4
         );
         assert_eq!(sampling(json!({})).unwrap().max_tokens, 16);
+    }
+
+    #[test]
+    fn logit_bias_keys_are_decimal_token_ids_below_the_vocabulary() {
+        let p = sampling(json!({"logit_bias": {"7": -100, "5": 1.5, "99": 100}})).unwrap();
+        let mut bias = p.logit_bias.clone();
+        bias.sort_by_key(|&(t, _)| t);
+        assert_eq!(bias, vec![(5, 1.5), (7, -100.0), (99, 100.0)]);
+        for key in ["abc", "05", "+5", "-1", "", "4294967296", "1.0"] {
+            let e = sampling(json!({"logit_bias": {key: 1}})).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("logit_bias"), "{key}: {e:?}");
+            assert!(e.message.contains("not a token id"), "{key}: {e:?}");
+        }
+        let e = sampling(json!({"logit_bias": {"100": 1}})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("logit_bias"));
+        assert_eq!(
+            e.message,
+            "`logit_bias`: must be keyed by token ids below the vocabulary size 100, got 100"
+        );
+        for bias in [json!(101), json!(-100.5), json!(1e300)] {
+            let e = sampling(json!({"logit_bias": {"3": bias}})).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("logit_bias"), "{e:?}");
+            assert!(e.message.contains("[-100, 100]"), "{e:?}");
+        }
+        let e = sampling(json!({"logit_bias": {"3": "high"}})).unwrap_err();
+        assert!(e.param.unwrap().starts_with("logit_bias"));
+    }
+
+    #[test]
+    fn allowed_token_ids_are_non_empty_and_below_the_vocabulary() {
+        let p = sampling(json!({"allowed_token_ids": [3, 99, 3]})).unwrap();
+        assert_eq!(p.allowed_token_ids, Some(vec![3, 99, 3]));
+        assert_eq!(sampling(json!({})).unwrap().allowed_token_ids, None);
+        for (ids, says) in [
+            (json!([]), "non-empty"),
+            (json!([1, 100]), "below the vocabulary size 100, got 100"),
+        ] {
+            let e = sampling(json!({ "allowed_token_ids": ids })).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("allowed_token_ids"), "{e:?}");
+            assert!(e.message.contains(says), "{e:?}");
+        }
+        let e = sampling(json!({"allowed_token_ids": [-1]})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("allowed_token_ids[0]"));
+    }
+
+    /// vLLM's rule: the word as it starts the text, and after a space when
+    /// that spelling starts with another token and is as long.
+    #[test]
+    fn bad_words_are_tokenized_as_vllm_does() {
+        const WORDS: Words = Words(&[
+            ("hello", &[10]),
+            (" hello", &[11]),
+            ("New York", &[20, 21]),
+            (" New York", &[22, 21]),
+            ("xyz", &[30, 31]),
+            (" xyz", &[32, 30, 31]),
+            ("same", &[40]),
+            (" same", &[40]),
+            ("big", &[150]),
+            (" big", &[151]),
+        ]);
+        let words = |w: Value| {
+            sampling_params(
+                &typed::<SamplingRequest>(&json!({ "bad_words": w })).unwrap(),
+                None,
+                16,
+                &WORDS,
+            )
+        };
+        let p = words(json!(["hello", "  New York", "xyz", "same"])).unwrap();
+        assert_eq!(
+            p.bad_words_token_ids,
+            vec![
+                vec![10],
+                vec![11],
+                vec![20, 21],
+                vec![22, 21],
+                vec![30, 31],
+                vec![40]
+            ]
+        );
+        for (w, param, says) in [
+            (json!(["hello", ""]), "bad_words[1]", "is empty"),
+            (json!(["  "]), "bad_words[0]", "is empty"),
+            (json!(["unknown"]), "bad_words[0]", "no ids for \"unknown\""),
+            (
+                json!(["big"]),
+                "bad_words",
+                "below the vocabulary size 100, got 150",
+            ),
+        ] {
+            let e = words(w.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{w}: {e:?}");
+            assert!(e.message.contains(says), "{w}: {e:?}");
+        }
     }
 
     #[test]

@@ -46,6 +46,14 @@ pub struct CompletionRequest {
     /// prompt tokens' logprobs to its logprobs, the first `null`).
     #[serde(default)]
     pub echo: bool,
+    /// OpenAI's output format (`text`, `json_object`, `json_schema`); read
+    /// by `structured::from_fields`, which checks its shape.
+    #[serde(default)]
+    pub response_format: Option<Value>,
+    /// vLLM's structured-output constraint (`json`, `regex`, `choice`,
+    /// `grammar`, `json_object`); read by `structured::from_fields`.
+    #[serde(default)]
+    pub structured_outputs: Option<Value>,
 }
 
 /// Message content: a string, or a list of parts of which only `text`
@@ -108,6 +116,14 @@ pub struct ChatCompletionRequest {
     /// template writes (default false, as in vLLM).
     #[serde(default)]
     pub add_special_tokens: bool,
+    /// OpenAI's output format (`text`, `json_object`, `json_schema`); read
+    /// by `structured::from_fields`, which checks its shape.
+    #[serde(default)]
+    pub response_format: Option<Value>,
+    /// vLLM's structured-output constraint (`json`, `regex`, `choice`,
+    /// `grammar`, `json_object`); read by `structured::from_fields`.
+    #[serde(default)]
+    pub structured_outputs: Option<Value>,
 }
 
 fn yes() -> bool {
@@ -173,6 +189,14 @@ pub struct SamplingRequest {
     /// logprob and rank and this many most likely tokens (0..=20). Not
     /// with `stream` (as in vLLM).
     pub prompt_logprobs: Option<u32>,
+    /// OpenAI's `logit_bias`: token ids (decimal strings) to a bias in
+    /// [-100, 100] added to their logits.
+    pub logit_bias: Option<std::collections::BTreeMap<String, f32>>,
+    /// vLLM's `allowed_token_ids`: only these tokens may be sampled.
+    pub allowed_token_ids: Option<Vec<u32>>,
+    /// vLLM's `bad_words`: words never written out, tokenized by the server
+    /// (`params::bad_word_sequences`).
+    pub bad_words: Option<Vec<String>>,
 }
 
 impl SamplingRequest {

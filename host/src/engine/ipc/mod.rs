@@ -53,8 +53,8 @@ pub enum Ready {
 /// A message from the client to the engine core.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum ClientMessage {
-    /// ADD.
-    Add(EngineCoreRequest),
+    /// ADD (boxed: a request is far larger than the other messages).
+    Add(Box<EngineCoreRequest>),
     /// ABORT.
     Abort(Vec<String>),
     /// UTILITY: the arguments as JSON text (the binary format cannot carry

@@ -3,3 +3,4 @@
 mod params;
 mod sampler;
 mod stop;
+mod token_filters;

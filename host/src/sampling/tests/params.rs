@@ -209,3 +209,106 @@ fn extra_args_cross_json_and_the_binary_queue_format_unchanged() {
         none
     );
 }
+
+#[test]
+fn logit_bias_range_is_openais() {
+    assert!(check(|p| p.logit_bias = vec![(1, -100.0), (2, 100.0), (3, 0.5)]).is_ok());
+    for bad in [100.5, -101.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        rejects("logit_bias", |p| p.logit_bias = vec![(1, 0.0), (7, bad)]);
+    }
+    let err = check(|p| p.logit_bias = vec![(7, 101.0)]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "logit_bias must be in [-100, 100] (the bias of token 7), got 101.0"
+    );
+}
+
+#[test]
+fn allowed_token_ids_must_not_be_empty() {
+    assert!(check(|p| p.allowed_token_ids = Some(vec![0])).is_ok());
+    rejects("allowed_token_ids", |p| p.allowed_token_ids = Some(vec![]));
+    rejects("allowed_token_ids", |p| {
+        p.allowed_token_ids = Some(vec![0; crate::sampling::MAX_TOKEN_ID_LIST + 1])
+    });
+}
+
+#[test]
+fn bad_words_are_non_empty_and_bounded() {
+    use crate::sampling::{MAX_BAD_WORD_SEQUENCES, MAX_BAD_WORD_TOKENS};
+    assert!(check(|p| p.bad_words_token_ids = vec![vec![1], vec![2, 3]]).is_ok());
+    rejects("bad_words", |p| {
+        p.bad_words_token_ids = vec![vec![1], vec![]]
+    });
+    let many = vec![vec![1]; MAX_BAD_WORD_SEQUENCES];
+    assert!(check(|p| p.bad_words_token_ids = many.clone()).is_ok());
+    rejects("bad_words", |p| {
+        p.bad_words_token_ids = vec![vec![1]; MAX_BAD_WORD_SEQUENCES + 1]
+    });
+    // Two sequences of half the token budget fit; one more token does not.
+    let half = vec![5; MAX_BAD_WORD_TOKENS / 2];
+    assert!(check(|p| p.bad_words_token_ids = vec![half.clone(), half.clone()]).is_ok());
+    let err = check(|p| p.bad_words_token_ids = vec![half.clone(), half.clone(), vec![1]])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("bad_words must be at most 1024 tokens"),
+        "{err}"
+    );
+    assert!(err.ends_with("got 1025"), "{err}");
+}
+
+#[test]
+fn check_vocab_names_the_field_and_the_first_id_outside() {
+    let p = SamplingParams {
+        logit_bias: vec![(3, 1.0), (9, 1.0)],
+        allowed_token_ids: Some(vec![0, 9]),
+        bad_words_token_ids: vec![vec![1, 9]],
+        ..Default::default()
+    };
+    assert_eq!(p.check_vocab(10), Ok(()));
+    let err = |p: &SamplingParams| p.check_vocab(9).unwrap_err().to_string();
+    assert_eq!(
+        err(&p),
+        "logit_bias must be keyed by token ids below the vocabulary size 9, got 9"
+    );
+    let p = SamplingParams {
+        logit_bias: vec![],
+        ..p
+    };
+    assert_eq!(
+        err(&p),
+        "allowed_token_ids must be token ids below the vocabulary size 9, got 9"
+    );
+    let p = SamplingParams {
+        allowed_token_ids: None,
+        ..p
+    };
+    assert_eq!(
+        err(&p),
+        "bad_words must be tokenized into ids below the vocabulary size 9, got 9"
+    );
+}
+
+/// The mp executor sends `SamplingParams` to its workers with postcard: the
+/// new fields must arrive as they left.
+#[test]
+fn token_filters_cross_the_binary_queue_format_and_json() {
+    let p = SamplingParams {
+        logit_bias: vec![(5, -100.0), (49151, 2.5)],
+        allowed_token_ids: Some(vec![1, 2, 3]),
+        bad_words_token_ids: vec![vec![7], vec![8, 9, 10]],
+        ..Default::default()
+    };
+    let bytes = postcard::to_stdvec(&p).unwrap();
+    assert_eq!(postcard::from_bytes::<SamplingParams>(&bytes).unwrap(), p);
+    let json = serde_json::to_string(&p).unwrap();
+    assert_eq!(serde_json::from_str::<SamplingParams>(&json).unwrap(), p);
+    // A JSONL line spells them as lists.
+    let line: SamplingParams = serde_json::from_str(
+        r#"{"logit_bias": [[5, -100]], "allowed_token_ids": [1], "bad_words_token_ids": [[7]]}"#,
+    )
+    .unwrap();
+    assert_eq!(line.logit_bias, vec![(5, -100.0)]);
+    assert_eq!(line.allowed_token_ids, Some(vec![1]));
+    assert_eq!(line.bad_words_token_ids, vec![vec![7]]);
+}

@@ -37,6 +37,7 @@ use super::error::ApiError;
 use super::generate;
 use super::limits;
 use super::params;
+use super::structured;
 use super::AppState;
 use crate::tokenizer::ChatMessage;
 use object::{Echo, Record, Status};
@@ -55,6 +56,8 @@ pub async fn create(
     let body = super::request_object(body)?;
     let (req, sampling) = request::read(&body, &app.config)?;
     app.check_model(req.model.as_deref())?;
+    let text_format = body.pointer("/text/format").filter(|f| !f.is_null());
+    let constraint = structured::from_text_format(text_format)?;
     let mut conversation = match &req.previous_response_id {
         Some(id) => app.responses.conversation(id).map_err(|r| {
             let why = match r {
@@ -107,14 +110,19 @@ pub async fn create(
         .map_err(|e| ApiError::field("input", e))?;
     let mut sampling = sampling;
     sampling.max_tokens = req.max_output_tokens;
-    let params = params::sampling_params(&sampling, None, app.default_max_tokens(prompt.len()))
-        .map_err(|mut e| {
-            if e.param.as_deref() == Some("max_tokens") {
-                e.param = Some("max_output_tokens".into());
-                e.message = e.message.replace("`max_tokens`", "`max_output_tokens`");
-            }
-            e
-        })?;
+    let mut params = params::sampling_params(
+        &sampling,
+        None,
+        app.default_max_tokens(prompt.len()),
+        &app.tokenizer,
+    )
+    .map_err(|mut e| {
+        if e.param.as_deref() == Some("max_tokens") {
+            e.param = Some("max_output_tokens".into());
+            e.message = e.message.replace("`max_tokens`", "`max_output_tokens`");
+        }
+        e
+    })?;
     let max_tokens = ("max_output_tokens", params.max_tokens);
     limits::check_context(
         "input",
@@ -122,6 +130,8 @@ pub async fn create(
         max_tokens,
         app.client.max_model_len(),
     )?;
+    app.constrain(&mut params, constraint.clone(), &sampling)
+        .await?;
 
     let id = random_id("resp");
     let store = req.store != Some(false);
@@ -143,6 +153,7 @@ pub async fn create(
             background: req.background,
             metadata: req.metadata.clone().unwrap_or_default(),
             user: req.user.clone(),
+            text_format: constraint.and(text_format.cloned()),
         },
         id: id.clone(),
     };

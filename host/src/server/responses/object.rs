@@ -4,6 +4,8 @@
 
 use serde_json::{json, Map, Value};
 
+use super::super::limits;
+
 /// Where a response stands (OpenAI's `status`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Status {
@@ -53,6 +55,8 @@ pub struct Echo {
     pub metadata: Map<String, Value>,
     /// The caller's end-user id.
     pub user: Option<String>,
+    /// `text.format` as asked; `None` for plain text.
+    pub text_format: Option<Value>,
 }
 
 /// One response: its identity, its settings, and what it produced so far.
@@ -81,7 +85,8 @@ pub struct Record {
 impl Record {
     /// Bytes of text it holds, for the store's budget.
     pub fn text_bytes(&self) -> usize {
-        self.text.len() + self.echo.instructions.as_ref().map_or(0, String::len)
+        let format = self.echo.text_format.as_ref().map_or(0, limits::json_len) as usize;
+        self.text.len() + self.echo.instructions.as_ref().map_or(0, String::len) + format
     }
 
     /// The output message item as it stands.
@@ -137,7 +142,7 @@ impl Record {
             "reasoning": {"effort": null, "summary": null},
             "store": e.store,
             "temperature": e.temperature,
-            "text": {"format": {"type": "text"}},
+            "text": {"format": e.text_format.clone().unwrap_or_else(|| json!({"type": "text"}))},
             "tool_choice": "none",
             "tools": [],
             "top_p": e.top_p,
@@ -187,5 +192,18 @@ mod tests {
         let v = record(Status::InProgress).render();
         assert_eq!(v["status"], "in_progress");
         assert_eq!(v["output"], json!([]));
+    }
+
+    #[test]
+    fn the_text_format_is_repeated_back_and_counted() {
+        let mut r = record(Status::Completed);
+        assert_eq!(r.render()["text"], json!({"format": {"type": "text"}}));
+        let format = json!({"type": "json_object"});
+        r.echo.text_format = Some(format.clone());
+        assert_eq!(r.render()["text"], json!({"format": format}));
+        assert_eq!(
+            r.text_bytes(),
+            "Hello".len() + r#"{"type":"json_object"}"#.len()
+        );
     }
 }

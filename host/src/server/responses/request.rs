@@ -54,15 +54,13 @@ fn yes() -> Option<bool> {
     Some(true)
 }
 
-/// `null`, `{}`, or a `format` of type `text` with no `verbosity`.
-fn plain_text(v: &Value) -> bool {
+/// `null`, or an object that sets nothing but `format` (which
+/// `structured::from_text_format` reads).
+fn format_only(v: &Value) -> bool {
     let Some(o) = v.as_object() else {
         return v.is_null();
     };
-    o.iter().all(|(k, v)| match k.as_str() {
-        "format" => v.is_null() || v.get("type").and_then(Value::as_str) == Some("text"),
-        _ => v.is_null(),
-    })
+    o.iter().all(|(k, v)| k == "format" || v.is_null())
 }
 
 /// `null` or an object whose every value is `null`.
@@ -92,7 +90,7 @@ fn unset_or_one(v: &Value) -> bool {
 const UNSUPPORTED: &[Unsupported] = &[
     ("tools", unset as Neutral, fields::TOOLS),
     ("tool_choice", no_forced_call, fields::TOOLS),
-    ("text", plain_text, "only plain text output (`text.format.type = \"text\"`, no verbosity) is supported; describe the format in the instructions"),
+    ("text", format_only, "only `text.format` is supported (not `verbosity`: ask for the length you want in the instructions)"),
     ("reasoning", no_reasoning, "reasoning options are not supported: this model does not reason"),
     ("include", unset, "extra output data (`include`) is not supported"),
     ("conversation", unset, "conversations are not supported; chain responses with previous_response_id"),
@@ -130,6 +128,18 @@ pub fn read(
 ) -> Result<(ResponsesRequest, SamplingRequest), ApiError> {
     check_input_size(body, config)?;
     limits::check_sampling(body, config)?;
+    if let Some(text) = body.get("text") {
+        // Its format (a JSON schema) travels to the plugins in extra_args.
+        let unit = "bytes as compact JSON";
+        let limit = config.max_extra_args_bytes;
+        limits::at_most(
+            "text",
+            limits::json_len(text),
+            unit,
+            limit,
+            "max_extra_args_bytes",
+        )?;
+    }
     let known: Vec<&str> = fields::field_names::<ResponsesRequest>()
         .iter()
         .chain(fields::field_names::<SamplingRequest>())
@@ -406,7 +416,7 @@ mod tests {
                 "tools",
             ),
             (
-                json!({"input": "x", "text": {"format": {"type": "json_object"}}}),
+                json!({"input": "x", "text": {"format": {"type": "text"}, "verbosity": "low"}}),
                 "text",
             ),
             (

@@ -1,0 +1,178 @@
+//! Structured outputs over HTTP: `response_format`, `structured_outputs` and
+//! the Responses API's `text.format`. Malformed shapes, vLLM's removed
+//! `guided_*` fields, a constraint asked for twice and an oversized one are
+//! 400s that name the field, before anything is queued; with the
+//! structured-output plugin loaded, the official `openai` client's outputs
+//! follow their schema, regex, choice or grammar, judged by `jsonschema`
+//! and Python's `re` (tests/server/structured_client.py).
+
+#[path = "server/harness.rs"]
+mod harness;
+
+use harness::Server;
+use serde_json::{json, Value};
+
+/// A chat body asking `extra` on top of one user message.
+fn chat(extra: Value) -> Value {
+    let mut body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    body
+}
+
+/// A completions body asking `extra`.
+fn completion(extra: Value) -> Value {
+    let mut body = json!({"prompt": "hi", "max_tokens": 4});
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    body
+}
+
+#[test]
+fn malformed_structured_output_requests_are_400s_naming_the_field() {
+    let server = Server::start(&[]);
+    let schema_format =
+        |spec: Value| json!({"response_format": {"type": "json_schema", "json_schema": spec}});
+    let cases: Vec<(&str, Value, &str, &str)> = vec![
+        (
+            "/v1/chat/completions",
+            chat(schema_format(json!({"schema": {"type": "object"}}))),
+            "response_format.json_schema.name",
+            "must be a string naming the schema",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(schema_format(json!({"name": "a"}))),
+            "response_format.json_schema.schema",
+            "is missing",
+        ),
+        (
+            "/v1/completions",
+            completion(json!({"response_format": {"type": "structural_tag"}})),
+            "response_format.type",
+            "`structural_tag` is not supported",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"response_format": {"type": "yaml"}, "stream": true})),
+            "response_format.type",
+            "the types accepted are text, json_object and json_schema",
+        ),
+        (
+            "/v1/completions",
+            completion(json!({"structured_outputs": {"regex": "a", "choice": ["a"]}})),
+            "structured_outputs",
+            "sets regex and choice; set exactly one of",
+        ),
+        (
+            "/v1/completions",
+            completion(json!({"structured_outputs": {"regex": "a", "backend": "xgrammar"}})),
+            "structured_outputs.backend",
+            "is not a structured_outputs key",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"structured_outputs": {"json": "{not json"}, "stream": true})),
+            "structured_outputs.json",
+            "is a string that is not JSON",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(
+                json!({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}}),
+            ),
+            "structured_outputs",
+            "`response_format` asks for a format too",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"response_format": {"type": "json_object"},
+                "vllm_xargs": {"structured_outputs": {"regex": "a"}}})),
+            "response_format",
+            "`vllm_xargs.structured_outputs` sets a structured-output constraint too",
+        ),
+        (
+            "/v1/completions",
+            completion(json!({"structured_outputs": {"regex": "a"},
+                "extra_args": {"structured_outputs": {"choice": ["b"]}}})),
+            "structured_outputs",
+            "`extra_args.structured_outputs` sets a structured-output constraint too",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"guided_json": {"type": "object"}})),
+            "guided_json",
+            "send `structured_outputs: {\"json\": <schema>}`",
+        ),
+        (
+            "/v1/completions",
+            completion(json!({"guided_choice": ["a", "b"]})),
+            "guided_choice",
+            "send `structured_outputs: {\"choice\": [...]}`",
+        ),
+        (
+            "/v1/completions",
+            completion(json!({"guided_regex": "[0-9]+"})),
+            "guided_regex",
+            "send `structured_outputs: {\"regex\": <pattern>}`",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"guided_grammar": "start: \"a\""})),
+            "guided_grammar",
+            "send `structured_outputs: {\"grammar\": <Lark grammar>}`",
+        ),
+        // A constraint travels in extra_args and shares its bound (64 KiB).
+        (
+            "/v1/chat/completions",
+            chat(json!({"structured_outputs": {"regex": "a".repeat(70_000)}})),
+            "structured_outputs",
+            "`server.max_extra_args_bytes`",
+        ),
+        (
+            "/v1/responses",
+            json!({"input": "hi", "text": {"format": {"type": "json_schema", "schema": {}}}}),
+            "text.format.name",
+            "must be a string naming the schema",
+        ),
+        (
+            "/v1/responses",
+            json!({"input": "hi", "text": {"format": {"type": "text"}, "verbosity": "low"}}),
+            "text",
+            "not `verbosity`",
+        ),
+    ];
+    for (path, body, param, needle) in cases {
+        let r = server.post(path, &body);
+        assert_eq!(r.status, 400, "{path} {param}: {}", r.text());
+        let error = &r.json()["error"];
+        assert_eq!(error["type"], "BadRequestError", "{error}");
+        assert_eq!(error["param"], param, "{path}: {error}");
+        let message = error["message"].as_str().unwrap();
+        assert!(message.contains(needle), "{param}: {message}");
+    }
+    // Plain text asks for nothing: the request runs as before.
+    let r = server.post(
+        "/v1/chat/completions",
+        &chat(json!({"response_format": {"type": "text"}, "structured_outputs": null})),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+#[test]
+fn the_openai_client_gets_outputs_that_follow_the_constraint() {
+    // The default configuration serves the plugin when it is installed
+    // beside the binary (scripts/test.sh puts it there); otherwise it is
+    // given by path, which a second copy of the same name would clash with.
+    let installed = e2e::host_bin().with_file_name("plugins/structured_output.wasm");
+    let mut args = vec!["--api-key".to_string(), "sesame".to_string()];
+    if !installed.is_file() {
+        let wasm = e2e::plugin("structured_output");
+        args.extend(["--plugin".to_string(), wasm.to_string_lossy().into_owned()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = Server::start(&args);
+    server.run_openai_script("structured_client.py", &json!({}));
+}
