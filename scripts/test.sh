@@ -19,6 +19,11 @@ bash scripts/fetch-model.sh
 # The shipped and fixture plugins: their own workspace, built for WebAssembly
 # (the end-to-end tests load them from plugins/target), and their unit tests.
 (cd plugins && cargo build --release --target wasm32-wasip2 && cargo test)
+# Installed beside the test binary of `host` (target/debug/plugins/), where
+# it looks for the shipped plugins: the tests serve the default
+# configuration, structured output included.
+mkdir -p target/debug/plugins
+cp plugins/target/wasm32-wasip2/release/structured_output.wasm target/debug/plugins/
 # Lints, warnings as errors: the plugins as built (wasm32-wasip2) and as
 # unit-tested (the host target), then the root workspace with every target
 # (the host crate, its tests and benches, the end-to-end tests).

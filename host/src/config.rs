@@ -51,6 +51,8 @@ pub struct EngineConfig {
     pub plugins: PluginsConfig,
     /// The OpenAI-compatible HTTP server.
     pub server: ServerConfig,
+    /// Constrained decoding (JSON schema, regex, choice, grammar, tool calls).
+    pub structured_outputs: StructuredOutputsConfig,
 }
 
 /// `[model]`: the checkpoint, its tokenizer and its limits.
@@ -314,6 +316,29 @@ impl Default for PluginsConfig {
             cache: true,
             cache_dir: None,
             grants: Vec::new(),
+        }
+    }
+}
+
+/// `[structured_outputs]`: which logits-processor plugin constrains the
+/// requests that ask for structured output (vLLM's
+/// `--structured-outputs-config`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StructuredOutputsConfig {
+    /// The plugin's qualified name; it is added to the logits processors
+    /// when it is known. Empty: structured output is off.
+    pub backend: String,
+}
+
+/// The backend served unless configured otherwise: the llguidance plugin
+/// shipped in `plugins/structured-output`.
+pub const DEFAULT_STRUCTURED_OUTPUTS_BACKEND: &str = "engine:structured-output";
+
+impl Default for StructuredOutputsConfig {
+    fn default() -> Self {
+        StructuredOutputsConfig {
+            backend: DEFAULT_STRUCTURED_OUTPUTS_BACKEND.into(),
         }
     }
 }

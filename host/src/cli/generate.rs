@@ -11,6 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Deserialize;
 
 use super::sampling_args::SamplingArgs;
+use super::shipped_plugins::{structured_outputs_unavailable, STRUCTURED_OUTPUTS_KEY};
 use crate::config::EngineConfig;
 use crate::engine::{GenerateRequest, Llm, Prompt};
 use crate::sampling::SamplingParams;
@@ -129,7 +130,19 @@ fn run_batch(
         let at = || format!("{}:{}", input.display(), n + 1);
         let parsed: InputLine =
             serde_json::from_str(&line).with_context(|| format!("{}: not a request", at()))?;
-        requests.push(to_request(parsed, defaults).with_context(at)?);
+        let request = to_request(parsed, defaults).with_context(at)?;
+        let constrained = request
+            .params
+            .extra_args
+            .as_ref()
+            .is_some_and(|a| a.get(STRUCTURED_OUTPUTS_KEY).is_some_and(|v| !v.is_null()));
+        if let Some(why) = constrained
+            .then(|| structured_outputs_unavailable(config))
+            .flatten()
+        {
+            bail!("{}: asks for structured output, but {why}", at());
+        }
+        requests.push(request);
     }
     let mut llm = Llm::new(config)?;
     let bar = ProgressBar::new(requests.len() as u64);

@@ -12,6 +12,7 @@ mod plugin_new;
 mod plugins_in_use;
 mod sampling_args;
 mod serve;
+mod shipped_plugins;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -157,7 +158,16 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => args.overrides(),
         _ => Vec::new(),
     };
-    let result = cli.engine.load(&more).and_then(|config| match command {
+    let loaded = match command {
+        // Worker and engine-core processes get their configuration from
+        // their parent, already resolved.
+        Command::Worker | Command::EngineCore => cli.engine.load(&more),
+        _ => cli.engine.load(&more).and_then(|mut config| {
+            shipped_plugins::resolve(&mut config)?;
+            Ok(config)
+        }),
+    };
+    let result = loaded.and_then(|config| match command {
         Command::Serve(_) => serve::run(&config),
         Command::Generate(args) => generate::run(&config, &args),
         Command::Bench(args) => bench::run(&config, &args),

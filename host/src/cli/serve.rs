@@ -1,9 +1,15 @@
 //! `host serve` (also what `host` does with no subcommand): the
 //! OpenAI-compatible HTTP server. Its flags override `[server]` keys.
 
+use std::sync::Arc;
+
+use anyhow::Context;
 use clap::Args;
 
+use super::shipped_plugins::{structured_outputs_unavailable, STRUCTURED_OUTPUTS_KEY};
 use crate::config::EngineConfig;
+use crate::plugins::{host_from_config, RequestChecker, Vocabulary};
+use crate::server::RequestCheck;
 
 /// Flags of `host serve`.
 #[derive(Debug, Default, Args)]
@@ -40,5 +46,56 @@ impl ServeArgs {
 /// Serves until SIGTERM / Ctrl-C, or fails when the engine dies.
 pub fn run(config: &EngineConfig) -> anyhow::Result<()> {
     let plugins = super::plugins_in_use::describe(config)?;
-    crate::server::serve(config, plugins)
+    let check = ServeCheck {
+        processors: request_checker(config)?,
+        structured_outputs_unavailable: structured_outputs_unavailable(config),
+    };
+    crate::server::serve(config, plugins, Some(Arc::new(check)))
+}
+
+/// What the server asks of each request's `extra_args` before queueing it.
+struct ServeCheck {
+    /// The 0.4 logits processors' `check-request`.
+    processors: Option<RequestChecker>,
+    /// Why structured output cannot be served here, when it cannot: such a
+    /// request is refused rather than answered unconstrained.
+    structured_outputs_unavailable: Option<String>,
+}
+
+impl RequestCheck for ServeCheck {
+    fn check(&self, extra_args: Option<&serde_json::Value>) -> Result<(), String> {
+        let constrained = extra_args
+            .and_then(|a| a.get(STRUCTURED_OUTPUTS_KEY))
+            .is_some_and(|v| !v.is_null());
+        if let (true, Some(why)) = (constrained, &self.structured_outputs_unavailable) {
+            return Err(format!("structured output was asked for, but {why}"));
+        }
+        match &self.processors {
+            Some(p) => p.check(extra_args),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The logits processors' check of each request's `extra_args` before it
+/// is queued: instances of its own (the server's threads never wait on a
+/// worker's), given the served model's vocabulary as the workers' are.
+/// `None` when no configured processor checks requests (WIT 0.4).
+fn request_checker(config: &EngineConfig) -> anyhow::Result<Option<RequestChecker>> {
+    let names = &config.plugins.logits_processors;
+    if names.is_empty() {
+        return Ok(None);
+    }
+    let host = host_from_config(&config.plugins)
+        .context("loading the logits processors for the request check")?;
+    let tokenizer = crate::engine::startup::load_tokenizer(config)?;
+    let tokens = (0..tokenizer.vocab_size() as u32).map(|id| {
+        (
+            tokenizer.token_bytes(id).unwrap_or_default(),
+            tokenizer.is_special(id),
+        )
+    });
+    let vocabulary = Vocabulary::from_tokens(tokens, tokenizer.eos_token_id());
+    RequestChecker::new(&host, names, &vocabulary)
+        .context("starting the logits processors for the request check")
 }
