@@ -163,7 +163,7 @@ fn tokenize_and_detokenize_agree_with_the_references() {
         ),
         (
             "/tokenize",
-            json!({"messages": [{"role": "tool", "content": "a"}]}),
+            json!({"messages": [{"role": "function", "content": "a"}]}),
             "messages[0].role",
         ),
     ] {
@@ -216,13 +216,19 @@ fn version_and_models_report_what_vllm_reports() {
     assert!(card["parent"].is_null());
     assert_eq!(card["permission"][0]["object"], "model_permission");
 
-    // The plugins a plain server knows: the two built-in policies, FCFS in use.
+    // The plugins a plain server knows: the two built-in policies, FCFS in
+    // use, and the structured-output backend, in use as a logits processor,
+    // when it is installed beside the binary (scripts/test.sh puts it there).
     let v = server.get("/v1/plugins").json();
-    assert_eq!(
-        v["data"],
-        json!([
-            {"name": "builtin:fcfs", "version": null, "kind": "scheduling policy", "builtin": true, "used_as": "scheduler.policy"},
-            {"name": "builtin:priority", "version": null, "kind": "scheduling policy", "builtin": true, "used_as": null},
-        ])
-    );
+    let mut expected = vec![
+        json!({"name": "builtin:fcfs", "version": null, "kind": "scheduling policy", "builtin": true, "used_as": "scheduler.policy"}),
+        json!({"name": "builtin:priority", "version": null, "kind": "scheduling policy", "builtin": true, "used_as": null}),
+    ];
+    let installed = e2e::host_bin().with_file_name("plugins/structured_output.wasm");
+    if installed.is_file() {
+        let version = v["data"][2]["version"].clone();
+        assert!(version.is_string(), "{v}");
+        expected.push(json!({"name": "engine:structured-output", "version": version, "kind": "logits processor", "builtin": false, "used_as": "plugins.logits_processors"}));
+    }
+    assert_eq!(v["data"], Value::Array(expected));
 }

@@ -18,8 +18,9 @@ use super::params;
 use super::protocol::{ChatCompletionRequest, SamplingRequest, Usage};
 use super::sse::{self, ChunkFormat};
 use super::structured;
+use super::tools::{Answer, StreamedAnswer, ToolCall, ToolRequest};
 use super::AppState;
-use crate::engine::Delta;
+use crate::engine::{Delta, Finish};
 use crate::sampling::MAX_LOGPROBS;
 use crate::step::Logprobs;
 
@@ -33,10 +34,25 @@ pub async fn create(
     fields::check_fields(&body, Endpoint::Chat)?;
     let req: ChatCompletionRequest = params::typed(&body)?;
     app.check_model(req.model.as_deref())?;
+    let tools = ToolRequest::from_body(&body)?;
     let constraint = structured::from_fields(
         req.response_format.as_ref(),
         req.structured_outputs.as_ref(),
     )?;
+    let constraint = match (constraint, tools.as_ref().and_then(ToolRequest::structured_outputs)) {
+        (Some(c), Some(_)) => {
+            return Err(ApiError::field(
+                c.field,
+                "cannot be combined with `tools` unless `tool_choice` is `none`: the tool-call format constrains the answer",
+            ))
+        }
+        (Some(c), None) => Some(c),
+        (None, Some(value)) => Some(structured::Constraint {
+            field: "tools",
+            value,
+        }),
+        (None, None) => None,
+    };
     let logprobs = match (req.logprobs, req.top_logprobs) {
         (_, Some(k)) if k > MAX_LOGPROBS => {
             return Err(ApiError::field(
@@ -50,7 +66,10 @@ pub async fn create(
         (true, k) => Some(k.unwrap_or(0)),
         (false, _) => None,
     };
-    let messages = params::chat_messages(&req.messages)?;
+    let mut messages = params::chat_messages(&req.messages)?;
+    if let Some(t) = &tools {
+        t.describe_to(&mut messages);
+    }
     let text = app
         .tokenizer
         .apply_chat_template(&messages, req.add_generation_prompt)
@@ -98,6 +117,8 @@ pub async fn create(
         id,
         created: super::unix_now(),
         app: app.clone(),
+        tools: tools.filter(ToolRequest::may_call),
+        streams: Vec::new(),
     };
     if req.stream {
         let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
@@ -117,11 +138,18 @@ pub async fn create(
     Ok(Json(object).into_response())
 }
 
+/// The finish reason of an answer that is tool calls.
+const CALLS_FINISH: &str = "tool_calls";
+
 /// Words the answer's objects.
 struct Format {
     id: String,
     created: u64,
     app: Arc<AppState>,
+    /// The tools the answer may call (none under `tool_choice: "none"`).
+    tools: Option<ToolRequest>,
+    /// Each streamed choice's tool-call state, by index.
+    streams: Vec<StreamedAnswer>,
 }
 
 impl Format {
@@ -134,13 +162,34 @@ impl Format {
 
     fn choice(&self, c: &Choice) -> Value {
         let finish = c.finish.as_ref();
+        let mut finish_reason = finish.map(|f| f.finish_reason.clone());
+        let message = match self.tools.as_ref().map(|t| t.parse(&c.text, &self.id)) {
+            Some(Answer::Calls(calls)) => {
+                finish_reason = Some(CALLS_FINISH.to_string());
+                let calls: Vec<Value> = calls.iter().map(ToolCall::to_json).collect();
+                json!({"role": "assistant", "content": null, "tool_calls": calls})
+            }
+            _ => json!({"role": "assistant", "content": c.text}),
+        };
         json!({
             "index": c.index,
-            "message": {"role": "assistant", "content": c.text},
+            "message": message,
             "logprobs": self.logprobs(&c.token_ids, &c.logprobs),
-            "finish_reason": finish.map(|f| f.finish_reason.clone()),
+            "finish_reason": finish_reason,
             "stop_reason": finish.and_then(|f| f.stop_reason.clone()),
         })
+    }
+
+    /// A stream chunk of choice `index` with `delta`.
+    fn chunk(&self, index: usize, delta: Value, logprobs: Value, finish: Option<&Finish>) -> Value {
+        let choice = json!({
+            "index": index,
+            "delta": delta,
+            "logprobs": logprobs,
+            "finish_reason": finish.map(|f| f.finish_reason.clone()),
+            "stop_reason": finish.and_then(|f| f.stop_reason.clone()),
+        });
+        self.object("chat.completion.chunk", vec![choice], None)
     }
 
     /// The chat API's logprobs: one entry per token with its bytes and its
@@ -172,16 +221,48 @@ impl ChunkFormat for Format {
         Some(self.object("chat.completion.chunk", vec![choice], None))
     }
 
-    fn delta(&self, index: usize, delta: &Delta) -> Value {
+    fn delta(&mut self, index: usize, delta: &Delta) -> Option<Value> {
         let finish = delta.finish.as_ref();
-        let choice = json!({
-            "index": index,
-            "delta": {"content": delta.text},
-            "logprobs": self.logprobs(&delta.token_ids, &delta.logprobs),
-            "finish_reason": finish.map(|f| f.finish_reason.clone()),
-            "stop_reason": finish.and_then(|f| f.stop_reason.clone()),
-        });
-        self.object("chat.completion.chunk", vec![choice], None)
+        let Some(tools) = &self.tools else {
+            let logprobs = self.logprobs(&delta.token_ids, &delta.logprobs);
+            return Some(self.chunk(index, json!({"content": delta.text}), logprobs, finish));
+        };
+        if self.streams.len() <= index {
+            self.streams.resize_with(index + 1, StreamedAnswer::default);
+        }
+        let state = &mut self.streams[index];
+        // Held-back deltas (a call in the making) carry no logprobs.
+        if let Some(text) = state.push(tools, &delta.text) {
+            let logprobs = self.logprobs(&delta.token_ids, &delta.logprobs);
+            return Some(self.chunk(index, json!({"content": text}), logprobs, finish));
+        }
+        let finish = finish?;
+        match state.finish(tools, &self.id) {
+            Answer::Calls(calls) => {
+                let calls: Vec<Value> = calls
+                    .iter()
+                    .enumerate()
+                    .map(|(k, c)| {
+                        let mut v = c.to_json();
+                        v["index"] = k.into();
+                        v
+                    })
+                    .collect();
+                let called = Finish {
+                    finish_reason: CALLS_FINISH.to_string(),
+                    ..finish.clone()
+                };
+                Some(self.chunk(
+                    index,
+                    json!({"tool_calls": calls}),
+                    Value::Null,
+                    Some(&called),
+                ))
+            }
+            Answer::Text(text) => {
+                Some(self.chunk(index, json!({"content": text}), Value::Null, Some(finish)))
+            }
+        }
     }
 
     fn usage(&self, usage: Usage) -> Value {

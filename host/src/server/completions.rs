@@ -9,7 +9,7 @@
 //! Both come from the prefill the request runs anyway (the engine computes
 //! the LM head on the prompt positions of the requests that ask).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -115,7 +115,7 @@ pub async fn create(
         logprobs: req.logprobs,
         prompt_logprobs: sampling.prompt_logprobs,
         echo,
-        echoed: Mutex::new(Vec::new()),
+        echoed: Vec::new(),
     };
     if req.stream {
         let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
@@ -176,7 +176,7 @@ struct Format {
     /// The prompts, when the request asked for `echo`.
     echo: Option<Echo>,
     /// Which choices' streams have echoed their prompt, by index.
-    echoed: Mutex<Vec<bool>>,
+    echoed: Vec<bool>,
 }
 
 impl Format {
@@ -288,7 +288,7 @@ impl ChunkFormat for Format {
         None
     }
 
-    fn delta(&self, index: usize, delta: &Delta) -> Value {
+    fn delta(&mut self, index: usize, delta: &Delta) -> Option<Value> {
         let choice = Choice {
             index,
             text: delta.text.clone(),
@@ -299,13 +299,12 @@ impl ChunkFormat for Format {
         };
         // The prompt is echoed in each choice's first chunk.
         let first = self.echo.is_some() && {
-            let mut echoed = self.echoed.lock().unwrap_or_else(|e| e.into_inner());
-            if echoed.len() <= index {
-                echoed.resize(index + 1, false);
+            if self.echoed.len() <= index {
+                self.echoed.resize(index + 1, false);
             }
-            !std::mem::replace(&mut echoed[index], true)
+            !std::mem::replace(&mut self.echoed[index], true)
         };
-        self.object(vec![self.choice(&choice, first)], None)
+        Some(self.object(vec![self.choice(&choice, first)], None))
     }
 
     fn usage(&self, usage: Usage) -> Value {

@@ -66,8 +66,12 @@ const GUIDED_CHOICE: &str =
 const GUIDED_GRAMMAR: &str = "was removed in vLLM 0.12 and is not supported; send `structured_outputs: {\"grammar\": <Lark grammar>}`";
 const GUIDED_BACKEND: &str = "was removed in vLLM 0.12 and is not supported; drop it: `structured_outputs` is served by the structured-output plugin";
 const GUIDED_WHITESPACE: &str = "was removed in vLLM 0.12 and is not supported; send `structured_outputs: {..., \"whitespace_pattern\": <pattern>}`";
-/// Why the tool-calling fields (and the `tool` role) are refused.
-pub(super) const TOOLS: &str = "tool and function calling are not supported";
+/// Why the tool-calling fields are refused on completions.
+pub(super) const TOOLS_ON_CHAT: &str =
+    "tool calls are served on /v1/chat/completions only (docs/structured-outputs.md)";
+/// Why the deprecated function-calling fields are refused.
+pub(super) const FUNCTIONS: &str =
+    "the deprecated function-calling fields are not supported; send `tools` and `tool_choice`";
 
 /// Fields OpenAI or vLLM define that this server does not implement: a
 /// request that sets one to anything but its neutral value is refused,
@@ -81,10 +85,8 @@ const UNSUPPORTED: &[(&str, Neutral, &str)] = &[
     ("guided_decoding_backend", unset, GUIDED_BACKEND),
     ("guided_whitespace_pattern", unset, GUIDED_WHITESPACE),
     ("structural_tag", unset, "structural tags are not supported; send `structured_outputs` with json, regex, choice or grammar"),
-    ("tools", unset, TOOLS),
-    ("tool_choice", no_forced_call, TOOLS),
-    ("functions", unset, TOOLS),
-    ("function_call", no_forced_call, TOOLS),
+    ("functions", unset, FUNCTIONS),
+    ("function_call", no_forced_call, FUNCTIONS),
     ("suffix", unset, "suffixes (fill in the middle) are not supported"),
     ("prompt_embeds", unset, "prompt embeddings are not supported; send text or token ids"),
     ("truncate_prompt_tokens", unset, "prompt truncation is not supported; shorten the prompt"),
@@ -124,10 +126,17 @@ const UNSUPPORTED_IN_CHAT: &[Unsupported] = &[(
     "echoing the last message is not supported on chat completions; /v1/completions echoes prompts",
 )];
 
+/// Fields vLLM defines on the completions endpoint that only the chat
+/// endpoint implements here: refused unless neutral.
+const UNSUPPORTED_IN_COMPLETIONS: &[Unsupported] = &[
+    ("tools", unset, TOOLS_ON_CHAT),
+    ("tool_choice", no_forced_call, TOOLS_ON_CHAT),
+];
+
 /// Fields OpenAI or vLLM define that cannot change the answer here, so any
 /// value is accepted: identifiers of the caller, a caching hint, a billing
-/// tier, and switches about tool calls and reasoning, which this server
-/// has neither of.
+/// tier, and the switch about reasoning, which this model does not do
+/// (`parallel_tool_calls` is honoured on chat, meaningless elsewhere).
 const HARMLESS: &[&str] = &[
     "user",
     "metadata",
@@ -145,9 +154,7 @@ const UNSUPPORTED_IN_MESSAGE: &[(&str, &str)] = &[
         "name",
         "participant names are not supported (the chat template is not given them); put the name in the content",
     ),
-    ("tool_calls", TOOLS),
-    ("tool_call_id", TOOLS),
-    ("function_call", TOOLS),
+    ("function_call", FUNCTIONS),
     ("audio", "audio is not supported; this model takes text"),
     (
         "refusal",
@@ -183,12 +190,16 @@ pub fn check_fields(body: &Value, endpoint: Endpoint) -> Result<(), ApiError> {
             "usage in every chunk is not supported; `include_usage` sends it in a last chunk",
         ));
     }
-    if endpoint == Endpoint::Chat {
-        for (field, neutral, why) in UNSUPPORTED_IN_CHAT {
-            if body.get(*field).is_some_and(|v| !neutral(v)) {
-                return Err(ApiError::field(field, why));
-            }
+    let only_elsewhere = match endpoint {
+        Endpoint::Chat => UNSUPPORTED_IN_CHAT,
+        Endpoint::Completions => UNSUPPORTED_IN_COMPLETIONS,
+    };
+    for (field, neutral, why) in only_elsewhere {
+        if body.get(*field).is_some_and(|v| !neutral(v)) {
+            return Err(ApiError::field(field, why));
         }
+    }
+    if endpoint == Endpoint::Chat {
         check_message_fields(body)?;
     }
     let (names, count) = ignored_fields(body, endpoint);
@@ -200,7 +211,12 @@ pub fn check_fields(body: &Value, endpoint: Endpoint) -> Result<(), ApiError> {
 /// does not implement are refused unless unset.
 pub(super) fn check_message_fields(body: &Value) -> Result<(), ApiError> {
     for (i, m) in messages_of(body).enumerate() {
+        // A tool result's `name` is the function's (OpenAI's older form).
+        let is_tool = m.get("role").and_then(Value::as_str) == Some("tool");
         for (field, why) in UNSUPPORTED_IN_MESSAGE {
+            if *field == "name" && is_tool {
+                continue;
+            }
             if m.get(*field).is_some_and(|v| !unset(v)) {
                 return Err(ApiError::field(&format!("messages[{i}].{field}"), why));
             }
@@ -365,9 +381,6 @@ mod tests {
             ("guided_decoding_backend", json!("xgrammar"), json!(null)),
             ("guided_whitespace_pattern", json!(" *"), json!(null)),
             ("structural_tag", json!("{}"), json!(null)),
-            ("tools", json!([{"type": "function"}]), json!([])),
-            ("tool_choice", json!("required"), json!("auto")),
-            ("tool_choice", json!({"type": "function"}), json!("none")),
             ("functions", json!([{"name": "f"}]), json!(null)),
             ("function_call", json!({"name": "f"}), json!("none")),
             ("suffix", json!("end"), json!("")),
@@ -417,6 +430,18 @@ mod tests {
     }
 
     #[test]
+    fn tools_are_chats_alone() {
+        let tools = json!({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"});
+        let e = check_fields(&tools, Endpoint::Completions).unwrap_err();
+        assert!(e.message.contains("/v1/chat/completions"), "{e:?}");
+        assert!(check_fields(&tools, Endpoint::Chat).is_ok());
+        let body = json!({"tools": null, "tool_choice": "none"});
+        assert!(check_fields(&body, Endpoint::Completions).is_ok());
+        let body = json!({"messages": [{"role": "tool", "content": "1", "name": "f", "tool_call_id": "c"}]});
+        assert!(check_fields(&body, Endpoint::Chat).is_ok());
+    }
+
+    #[test]
     fn removed_guided_fields_name_their_structured_outputs_key() {
         for (field, key) in [
             ("guided_json", "{\"json\": <schema>}"),
@@ -447,8 +472,6 @@ mod tests {
     fn unsupported_message_fields_are_refused_unless_neutral() {
         for field in [
             "name",
-            "tool_calls",
-            "tool_call_id",
             "function_call",
             "audio",
             "refusal",
@@ -554,6 +577,9 @@ mod tests {
             names.contains(&"max_tokens") && names.contains(&"vllm_xargs"),
             "{names:?}"
         );
-        assert_eq!(field_names::<RequestMessage>(), &["role", "content"]);
+        assert_eq!(
+            field_names::<RequestMessage>(),
+            &["role", "content", "tool_calls", "tool_call_id", "name"]
+        );
     }
 }

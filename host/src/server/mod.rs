@@ -39,6 +39,7 @@ mod routes;
 mod sse;
 mod structured;
 mod tokenize;
+mod tools;
 mod web;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

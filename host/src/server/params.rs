@@ -6,8 +6,9 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::error::ApiError;
-use super::fields::{IGNORED_NAME_CHARS, TOOLS};
+use super::fields::{FUNCTIONS, IGNORED_NAME_CHARS};
 use super::protocol::{MessageContent, RequestMessage, SamplingRequest, StopField};
+use super::tools;
 use crate::sampling::{SamplingParams, SamplingParamsError};
 use crate::tokenizer::{ChatMessage, Tokenizer};
 
@@ -262,7 +263,9 @@ pub fn prompts_of(prompt: &Value) -> Result<Vec<PromptInput>, ApiError> {
 
 /// The chat request's messages as the chat template takes them; text parts
 /// are joined, any other part type is refused, and so is a role the
-/// template is not given.
+/// template is not given. An assistant's `tool_calls` and a `tool` result
+/// are rendered in the generic tool format (`super::tools`), the result as
+/// a user turn, since a template without tool support knows no `tool` role.
 pub fn chat_messages(messages: &[RequestMessage]) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::field(
@@ -299,9 +302,50 @@ pub fn chat_messages(messages: &[RequestMessage]) -> Result<Vec<ChatMessage>, Ap
                     text
                 }
             };
-            Ok(ChatMessage::new(role(i, &m.role)?, content))
+            if m.role == "tool" {
+                let id = m.tool_call_id.as_deref();
+                let name = m
+                    .name
+                    .clone()
+                    .or_else(|| id.and_then(|id| called_function(&messages[..i], id)));
+                let text = tools::render_result(name.as_deref(), id, &content);
+                return Ok(ChatMessage::new("user", text));
+            }
+            let role = role(i, &m.role)?;
+            let content = match m.tool_calls.as_ref().filter(|c| !c.is_null()) {
+                Some(_) if role != "assistant" => {
+                    return Err(ApiError::field(
+                        &format!("messages[{i}].tool_calls"),
+                        "only an assistant message carries tool calls",
+                    ))
+                }
+                Some(calls) => {
+                    let calls = tools::render_calls(&format!("messages[{i}].tool_calls"), calls)?;
+                    if content.is_empty() {
+                        calls
+                    } else {
+                        format!("{content}\n{calls}")
+                    }
+                }
+                None => content,
+            };
+            Ok(ChatMessage::new(role, content))
         })
         .collect()
+}
+
+/// The name of the function that call `id` of an earlier assistant message
+/// named.
+fn called_function(earlier: &[RequestMessage], id: &str) -> Option<String> {
+    earlier
+        .iter()
+        .rev()
+        .filter_map(|m| m.tool_calls.as_ref()?.as_array())
+        .flatten()
+        .find(|c| c.get("id").and_then(Value::as_str) == Some(id))?
+        .pointer("/function/name")?
+        .as_str()
+        .map(str::to_string)
 }
 
 /// The role the chat template is given for a message's `role`: `system`,
@@ -314,14 +358,14 @@ fn role(index: usize, role: &str) -> Result<&'static str, ApiError> {
         "system" | "developer" => Ok("system"),
         "user" => Ok("user"),
         "assistant" => Ok("assistant"),
-        "tool" | "function" => Err(ApiError::field(
+        "function" => Err(ApiError::field(
             &field(),
-            format!("is `{role}`; {TOOLS}"),
+            format!("is `function`; {FUNCTIONS} (results as `tool` messages)"),
         )),
         other => Err(ApiError::field(
             &field(),
             format!(
-                "is `{}`; the roles accepted are system, developer (taken as system), user and assistant",
+                "is `{}`; the roles accepted are system, developer (taken as system), user, assistant and tool",
                 other.chars().take(IGNORED_NAME_CHARS).collect::<String>()
             ),
         )),
@@ -616,7 +660,12 @@ mod tests {
             msgs("developer").unwrap()[1],
             ChatMessage::new("system", "b")
         );
-        for role in ["bot", "tool", "function", "System", ""] {
+        // A tool result is a user turn naming the call it answers.
+        assert_eq!(
+            msgs("tool").unwrap()[1],
+            ChatMessage::new("user", "Result of the function call:\nb")
+        );
+        for role in ["bot", "function", "System", ""] {
             let e = msgs(role).unwrap_err();
             assert_eq!(e.param.as_deref(), Some("messages[1].role"), "{role}");
             assert!(
@@ -627,6 +676,6 @@ mod tests {
         assert!(msgs("bot")
             .unwrap_err()
             .message
-            .contains("system, developer (taken as system), user and assistant"));
+            .contains("system, developer (taken as system), user, assistant and tool"));
     }
 }

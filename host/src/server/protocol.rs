@@ -81,11 +81,21 @@ pub struct ContentPart {
 /// One message of a chat request.
 #[derive(Clone, Debug, Deserialize)]
 pub struct RequestMessage {
-    /// `system`, `developer` (taken as `system`), `user` or `assistant`.
+    /// `system`, `developer` (taken as `system`), `user`, `assistant` or
+    /// `tool` (a function's result).
     pub role: String,
     /// The message text; `null` is taken as empty.
     #[serde(default)]
     pub content: Option<MessageContent>,
+    /// An assistant message's calls, as the API returned them.
+    #[serde(default)]
+    pub tool_calls: Option<serde_json::Value>,
+    /// The call a `tool` message answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    /// A `tool` message's function name (OpenAI's older form).
+    #[serde(default)]
+    pub name: Option<String>,
 }
 
 /// `POST /v1/chat/completions`: the endpoint's own fields.
@@ -94,6 +104,16 @@ pub struct ChatCompletionRequest {
     /// The served model's id; optional (the one model is meant).
     #[serde(default)]
     pub model: Option<String>,
+    /// The functions the model may call (read with `tool_choice` and
+    /// `parallel_tool_calls` by `server::tools`).
+    #[serde(default)]
+    pub tools: Option<serde_json::Value>,
+    /// `none`, `auto`, `required` or a named function.
+    #[serde(default)]
+    pub tool_choice: Option<serde_json::Value>,
+    /// Whether an answer may hold more than one call (default true).
+    #[serde(default)]
+    pub parallel_tool_calls: Option<serde_json::Value>,
     /// The conversation so far.
     pub messages: Vec<RequestMessage>,
     /// Answer with server-sent events as tokens are produced.

@@ -26,8 +26,9 @@ pub trait ChunkFormat: Send + 'static {
     /// A chunk to send for choice `index` before its first delta (the chat
     /// API's `role`), if any.
     fn opening(&self, index: usize) -> Option<Value>;
-    /// The chunk carrying one delta of choice `index`.
-    fn delta(&self, index: usize, delta: &Delta) -> Value;
+    /// The chunk carrying one delta of choice `index`; `None` holds it
+    /// back (a tool call is sent whole, once it is complete).
+    fn delta(&mut self, index: usize, delta: &Delta) -> Option<Value>;
     /// The last chunk, with the token counts and no choices.
     fn usage(&self, usage: Usage) -> Value;
 }
@@ -53,7 +54,7 @@ pub fn stream(
 async fn produce(
     app: Arc<AppState>,
     seqs: Vec<Sequence>,
-    format: impl ChunkFormat,
+    mut format: impl ChunkFormat,
     include_usage: bool,
     tx: mpsc::Sender<Event>,
 ) {
@@ -88,7 +89,10 @@ async fn produce(
             None => break,
             Some((index, Ok(delta))) => {
                 completion_tokens += delta.token_ids.len();
-                data(&format.delta(index, &delta))
+                match format.delta(index, &delta) {
+                    Some(chunk) => data(&chunk),
+                    None => continue,
+                }
             }
             Some((_, Err(e))) => {
                 // Headers are sent; the error travels in the stream, as vLLM does it.

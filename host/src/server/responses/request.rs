@@ -88,8 +88,8 @@ fn unset_or_one(v: &Value) -> bool {
 /// Fields OpenAI (or vLLM) define for this endpoint that are not
 /// implemented: refused unless neutral.
 const UNSUPPORTED: &[Unsupported] = &[
-    ("tools", unset as Neutral, fields::TOOLS),
-    ("tool_choice", no_forced_call, fields::TOOLS),
+    ("tools", unset as Neutral, fields::TOOLS_ON_CHAT),
+    ("tool_choice", no_forced_call, fields::TOOLS_ON_CHAT),
     ("text", format_only, "only `text.format` is supported (not `verbosity`: ask for the length you want in the instructions)"),
     ("reasoning", no_reasoning, "reasoning options are not supported: this model does not reason"),
     ("include", unset, "extra output data (`include`) is not supported"),

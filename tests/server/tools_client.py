@@ -1,0 +1,195 @@
+"""Tool calls through the official `openai` client against a running
+`host serve` that loads the structured-output plugin.
+
+Usage: tools_client.py BASE_URL API_KEY MODEL EXPECTED_JSON
+
+The judge is independent of the server: every call's arguments are parsed
+with `json` and validated against the function's own parameter schema with
+the `jsonschema` package, names against the tools offered, and the streamed
+calls are reassembled from their `delta.tool_calls` as a client would.
+Prints one line per check and exits non-zero if any failed.
+"""
+
+import concurrent.futures
+import json
+import sys
+
+import jsonschema
+import openai
+
+base_url, api_key, model = sys.argv[1], sys.argv[2], sys.argv[3]
+client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=300)
+passed, failed = 0, []
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 40},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+        },
+    },
+}
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Adds two integers",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "a": {"type": "integer", "minimum": -1000, "maximum": 1000},
+                "b": {"type": "integer", "minimum": -1000, "maximum": 1000},
+            },
+            "required": ["a", "b"],
+        },
+    },
+}
+TOOLS = [WEATHER, ADD]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
+ASK_SUM = [{"role": "user", "content": "What is 12 plus 30?"}]
+
+
+def check(name, ok, detail=""):
+    global passed
+    if ok:
+        passed += 1
+        print(f"ok {name}")
+    else:
+        failed.append(name)
+        print(f"FAILED {name}: {detail}")
+
+
+def valid_call(name, fn_name, arguments, allowed):
+    """A call names an offered function and its arguments follow its schema."""
+    check(f"{name}: names an offered function", fn_name in allowed, fn_name)
+    try:
+        args = json.loads(arguments)
+        jsonschema.validate(args, SCHEMAS[fn_name])
+        check(f"{name}: arguments follow the schema", True)
+    except (ValueError, KeyError, jsonschema.ValidationError) as e:
+        check(f"{name}: arguments follow the schema", False, f"{arguments!r}: {e}")
+
+
+def named(fn):
+    return {"type": "function", "function": {"name": fn}}
+
+
+def non_streamed(name, messages, choice, allowed, parallel=False):
+    r = client.chat.completions.create(
+        model=model, messages=messages, tools=TOOLS, tool_choice=choice,
+        parallel_tool_calls=parallel, temperature=0, max_tokens=96,
+    )
+    c = r.choices[0]
+    calls = c.message.tool_calls or []
+    check(f"{name}: finish_reason tool_calls", c.finish_reason == "tool_calls", c.finish_reason)
+    check(f"{name}: one call", len(calls) == 1, c.message)
+    check(f"{name}: no content beside the call", c.message.content is None, c.message.content)
+    for call in calls:
+        check(f"{name}: a function call with an id", call.type == "function" and call.id, call)
+        valid_call(name, call.function.name, call.function.arguments, allowed)
+    return r
+
+
+def streamed(name, messages, choice, allowed):
+    stream = client.chat.completions.create(
+        model=model, messages=messages, tools=TOOLS, tool_choice=choice,
+        parallel_tool_calls=False, temperature=0, max_tokens=96, stream=True,
+    )
+    calls, finish, content = {}, None, ""
+    for chunk in stream:
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            for d in c.delta.tool_calls or []:
+                slot = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+                slot["id"] = d.id or slot["id"]
+                if d.function:
+                    slot["name"] += d.function.name or ""
+                    slot["arguments"] += d.function.arguments or ""
+            finish = c.finish_reason or finish
+    check(f"{name}: finish_reason tool_calls", finish == "tool_calls", finish)
+    check(f"{name}: one call and no content", len(calls) == 1 and content == "", (calls, content))
+    for slot in calls.values():
+        check(f"{name}: the call has an id", bool(slot["id"]), slot)
+        valid_call(name, slot["name"], slot["arguments"], allowed)
+    return calls
+
+
+def round_trip(name, stream):
+    """call -> tool result -> final answer, as an agent loop does."""
+    first = non_streamed(f"{name} call", ASK_WEATHER, named("get_weather"), ["get_weather"])
+    message = first.choices[0].message
+    call = message.tool_calls[0]
+    history = ASK_WEATHER + [
+        message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18, "sky": "sunny"})},
+    ]
+    kwargs = dict(model=model, messages=history, tools=TOOLS, tool_choice="none", temperature=0, max_tokens=48)
+    if stream:
+        text, finish = "", None
+        for chunk in client.chat.completions.create(stream=True, **kwargs):
+            for c in chunk.choices:
+                text += c.delta.content or ""
+                check(f"{name}: no call under tool_choice none", not c.delta.tool_calls, c.delta)
+                finish = c.finish_reason or finish
+    else:
+        r = client.chat.completions.create(**kwargs)
+        text, finish = r.choices[0].message.content, r.choices[0].finish_reason
+        check(f"{name}: no call under tool_choice none", not r.choices[0].message.tool_calls, r)
+    check(f"{name}: a final answer in text", isinstance(text, str) and text.strip() != "", repr(text))
+    check(f"{name}: it ends as text does", finish in ("stop", "length"), finish)
+
+
+def auto(name, messages):
+    """Under `auto` the answer is text, or calls that validate."""
+    r = client.chat.completions.create(
+        model=model, messages=messages, tools=TOOLS, temperature=0, max_tokens=64,
+    )
+    c = r.choices[0]
+    if c.message.tool_calls:
+        check(f"{name}: calls end with tool_calls", c.finish_reason == "tool_calls", c.finish_reason)
+        for call in c.message.tool_calls:
+            valid_call(name, call.function.name, call.function.arguments, list(SCHEMAS))
+    else:
+        text = c.message.content or ""
+        check(f"{name}: text that is not a call", not text.lstrip().startswith("{"), text)
+
+
+def refused(name, status, **kwargs):
+    try:
+        client.chat.completions.create(model=model, max_tokens=8, **kwargs)
+        check(name, False, "accepted")
+    except openai.APIStatusError as e:
+        check(name, e.status_code == status, f"{e.status_code} {e.message}")
+
+
+jobs = [
+    lambda: non_streamed("named", ASK_WEATHER, named("get_weather"), ["get_weather"]),
+    lambda: non_streamed("named add", ASK_SUM, named("add"), ["add"]),
+    lambda: non_streamed("required", ASK_SUM, "required", list(SCHEMAS)),
+    lambda: streamed("streamed named", ASK_SUM, named("add"), ["add"]),
+    lambda: streamed("streamed required", ASK_WEATHER, "required", list(SCHEMAS)),
+    lambda: round_trip("round trip", stream=False),
+    lambda: round_trip("streamed round trip", stream=True),
+    lambda: auto("auto weather", ASK_WEATHER),
+    lambda: auto("auto greeting", [{"role": "user", "content": "Say hello."}]),
+    lambda: refused("an unknown named function is a 400", 400, messages=ASK_SUM, tools=TOOLS, tool_choice=named("mul")),
+    lambda: refused("tools beside response_format is a 400", 400, messages=ASK_SUM, tools=TOOLS,
+                    response_format={"type": "json_object"}),
+]
+with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+    for f in [pool.submit(j) for j in jobs]:
+        try:
+            f.result()
+        except Exception as e:  # a crash in one job is a failure, not an abort
+            check("job raised", False, repr(e))
+
+print(f"{passed} passed, {len(failed)} failed")
+sys.exit(1 if failed else 0)
