@@ -14,6 +14,9 @@ client costs little CPU beside the server on a 2-core machine.
 Usage: bench_serve.py --url http://127.0.0.1:8000 [--label NAME] [--num-requests 64]
        [--concurrency 16] [--prompt-tokens 100] [--max-tokens 128] [--json out.json]
        [--duration SECONDS]   (soak: keep C clients busy this long instead of N requests)
+       [--structured-outputs JSON]   (each request constrained by this vLLM
+                                      structured_outputs object; EOS is then
+                                      the constraint's, not ignored)
 """
 
 import argparse
@@ -56,7 +59,7 @@ async def read_chunked_events(reader):
 
 
 async def one_request(url, index, args):
-    body = json.dumps({
+    request = {
         "model": args.model,
         "prompt": prompt_ids(index, args.prompt_tokens),
         "max_tokens": args.max_tokens,
@@ -64,7 +67,13 @@ async def one_request(url, index, args):
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
-    }).encode()
+    }
+    if args.structured_outputs:
+        # A constraint decides where EOS may go; ignoring it could leave a
+        # complete answer nothing to sample.
+        request["structured_outputs"] = json.loads(args.structured_outputs)
+        request["ignore_eos"] = False
+    body = json.dumps(request).encode()
     start = time.perf_counter()
     reader, writer = await asyncio.open_connection(url.hostname, url.port)
     head = (
@@ -174,6 +183,7 @@ def main():
     ap.add_argument("--duration", type=float, default=None)
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--structured-outputs", default=None, help="a structured_outputs JSON object")
     args = ap.parse_args()
     summary = asyncio.run(run(args))
     ms = lambda s: "-" if s is None else f"{s * 1000:.0f} ms"

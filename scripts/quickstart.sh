@@ -35,6 +35,17 @@ curl -sf "$url/v1/chat/completions" -H 'Content-Type: application/json' -d '{
   "max_tokens": 64, "temperature": 0
 }' | python3 -c 'import json, sys; print(json.load(sys.stdin)["choices"][0]["message"]["content"])'
 
+# The same question answered as JSON that follows a schema (structured output,
+# served by the plugin installed above).
+curl -sf "$url/v1/chat/completions" -H 'Content-Type: application/json' -d '{
+  "model": "SmolLM2-135M-Instruct.Q4_1",
+  "messages": [{"role": "user", "content": "What is the capital of France?"}],
+  "max_tokens": 64, "temperature": 0,
+  "response_format": {"type": "json_schema", "json_schema": {"name": "capital", "schema": {
+    "type": "object", "additionalProperties": false, "required": ["country", "capital"],
+    "properties": {"country": {"type": "string", "maxLength": 40}, "capital": {"type": "string", "maxLength": 40}}}}}
+}' | python3 -c 'import json, sys; print(json.load(sys.stdin)["choices"][0]["message"]["content"])'
+
 if [ "${KEEP_SERVING:-0}" = 1 ]; then
   echo "still serving on $url (Ctrl-C stops it)" >&2
   wait "$server"

@@ -26,40 +26,20 @@ const VOCAB: u32 = 49152;
 /// Runs of the whole answer for the percentiles.
 const RUNS: usize = 20;
 
+/// The nested schema and a valid answer to it, shared with the host's
+/// in-sandbox bench (`host/benches/plugins.rs`, `plugin_structured`) so the
+/// two figures time the same work.
+const NESTED: &str = include_str!("nested.json");
+
+fn nested() -> serde_json::Value {
+    serde_json::from_str(NESTED).expect("benches/nested.json is JSON")
+}
+
 /// The request's `extra_args`; `run` makes it distinct, so the plugin's
 /// cache misses and the grammar is compiled afresh, with cold lexer caches.
 fn schema_args(run: usize) -> String {
-    let address = serde_json::json!({
-        "type": "object",
-        "properties": {
-            "street": {"type": "string"},
-            "city": {"type": "string"},
-            "zip": {"type": "string", "pattern": "^[0-9]{5}$"}
-        },
-        "required": ["street", "city", "zip"]
-    });
-    let schema = serde_json::json!({
-        "type": "object",
-        "properties": {
-            "name": {"type": "string", "minLength": 1},
-            "age": {"type": "integer", "minimum": 0, "maximum": 150},
-            "email": {"type": "string", "format": "email"},
-            "active": {"type": "boolean"},
-            "role": {"enum": ["admin", "editor", "viewer"]},
-            "address": address,
-            "scores": {"type": "array", "items": {"type": "number"}, "maxItems": 8},
-            "friends": {"type": "array", "items": {
-                "type": "object",
-                "properties": {"name": {"type": "string"}, "since": {"type": "integer"}},
-                "required": ["name", "since"]
-            }}
-        },
-        "required": ["name", "age", "email", "active", "role", "address", "scores", "friends"]
-    });
-    serde_json::json!({"structured_outputs": {"json": schema}, "run": run}).to_string()
+    serde_json::json!({"structured_outputs": {"json": nested()["schema"]}, "run": run}).to_string()
 }
-
-const ANSWER: &str = r#"{"name": "Ada Lovelace", "age": 36, "email": "ada@example.com", "active": true, "role": "editor", "address": {"street": "12 St James's Square", "city": "London", "zip": "10001"}, "scores": [9.5, 7.25, 10], "friends": [{"name": "Charles Babbage", "since": 1833}, {"name": "Mary Somerville", "since": 1834}]}"#;
 
 /// SmolLM2's vocabulary, or a synthetic one of the same size.
 fn vocabulary() -> (gguf::Vocab, &'static str) {
@@ -188,7 +168,7 @@ fn percentiles(name: &str, mut times: Vec<Duration>) {
 fn bench(c: &mut Criterion) {
     let (v, source) = vocabulary();
     let args = schema_args(0);
-    let answer = tokenize(&v, ANSWER);
+    let answer = tokenize(&v, nested()["answer"].as_str().expect("an answer string"));
     println!(
         "vocabulary: {source}, {} tokens; answer: {} tokens",
         v.ends.len(),
