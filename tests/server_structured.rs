@@ -163,16 +163,6 @@ fn malformed_structured_output_requests_are_400s_naming_the_field() {
 
 #[test]
 fn the_openai_client_gets_outputs_that_follow_the_constraint() {
-    // The default configuration serves the plugin when it is installed
-    // beside the binary (scripts/test.sh puts it there); otherwise it is
-    // given by path, which a second copy of the same name would clash with.
-    let installed = e2e::host_bin().with_file_name("plugins/structured_output.wasm");
-    let mut args = vec!["--api-key".to_string(), "sesame".to_string()];
-    if !installed.is_file() {
-        let wasm = e2e::plugin("structured_output");
-        args.extend(["--plugin".to_string(), wasm.to_string_lossy().into_owned()]);
-    }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let server = Server::start(&args);
+    let server = Server::start_with_structured_outputs();
     server.run_openai_script("structured_client.py", &json!({}));
 }

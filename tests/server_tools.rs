@@ -81,14 +81,6 @@ fn malformed_tool_requests_are_400s_naming_the_field() {
 
 #[test]
 fn the_openai_client_calls_tools_with_arguments_that_follow_their_schema() {
-    // As in server_structured.rs: the installed plugin, else by path.
-    let installed = e2e::host_bin().with_file_name("plugins/structured_output.wasm");
-    let mut args = vec!["--api-key".to_string(), "sesame".to_string()];
-    if !installed.is_file() {
-        let wasm = e2e::plugin("structured_output");
-        args.extend(["--plugin".to_string(), wasm.to_string_lossy().into_owned()]);
-    }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let server = Server::start(&args);
+    let server = Server::start_with_structured_outputs();
     server.run_openai_script("tools_client.py", &json!({}));
 }

@@ -25,6 +25,22 @@ pub struct Server {
 }
 
 impl Server {
+    /// A server with the structured-output plugin and `--api-key sesame`
+    /// (what `run_openai_script` sends). The default configuration serves
+    /// the plugin when it is installed beside the binary (scripts/test.sh
+    /// puts it there); otherwise it is given by path, since a second copy
+    /// of the same name would clash with the installed one.
+    pub fn start_with_structured_outputs() -> Server {
+        let installed = e2e::host_bin().with_file_name("plugins/structured_output.wasm");
+        let mut args = vec!["--api-key".to_string(), "sesame".to_string()];
+        if !installed.is_file() {
+            let wasm = e2e::plugin("structured_output");
+            args.extend(["--plugin".to_string(), wasm.to_string_lossy().into_owned()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Server::start(&args)
+    }
+
     /// `host [global flags] serve --port 0 [args]` on the default model.
     pub fn start(args: &[&str]) -> Server {
         let model = e2e::default_model();

@@ -24,9 +24,11 @@ import jsonschema
 import openai
 import pydantic
 
+from judge import Checks
+
 base_url, api_key, model = sys.argv[1], sys.argv[2], sys.argv[3]
 client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=300)
-passed, failed = 0, []
+check = Checks()
 
 # Enough for every schema of the corpus, whose strings, arrays and numbers
 # are all bounded; whitespace between tokens is the only slack.
@@ -50,15 +52,6 @@ def _date_time(value):
     datetime.datetime.fromisoformat(value.upper().replace("Z", "+00:00"))
     return True
 
-
-def check(name, ok, detail=""):
-    global passed
-    if ok:
-        passed += 1
-        print(f"ok {name}")
-    else:
-        failed.append(name)
-        print(f"FAIL {name}: {detail}")
 
 
 def schema_errors(schema, text):
@@ -217,5 +210,4 @@ for name, kwargs, param in (
         check(name, e.status_code == 400 and e.param == param and "structured-output" in e.message,
               (e.status_code, e.param, e.message))
 
-print(f"{passed} passed, {len(failed)} failed")
-sys.exit(1 if failed else 0)
+check.finish()

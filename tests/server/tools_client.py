@@ -17,9 +17,11 @@ import sys
 import jsonschema
 import openai
 
+from judge import Checks
+
 base_url, api_key, model = sys.argv[1], sys.argv[2], sys.argv[3]
 client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=300)
-passed, failed = 0, []
+check = Checks()
 
 WEATHER = {
     "type": "function",
@@ -56,15 +58,6 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
 ASK_SUM = [{"role": "user", "content": "What is 12 plus 30?"}]
 
-
-def check(name, ok, detail=""):
-    global passed
-    if ok:
-        passed += 1
-        print(f"ok {name}")
-    else:
-        failed.append(name)
-        print(f"FAILED {name}: {detail}")
 
 
 def valid_call(name, fn_name, arguments, allowed):
@@ -191,5 +184,4 @@ with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
         except Exception as e:  # a crash in one job is a failure, not an abort
             check("job raised", False, repr(e))
 
-print(f"{passed} passed, {len(failed)} failed")
-sys.exit(1 if failed else 0)
+check.finish()

@@ -1,0 +1,28 @@
+"""What the concurrent client scripts share: a check that prints one line
+and counts, safe across the threads that run requests at once, and the
+summary line `Server::run_openai_script` looks for."""
+
+import sys
+import threading
+
+
+class Checks:
+    """Call it with (name, ok, detail) per check; `finish()` exits."""
+
+    def __init__(self):
+        self.passed = 0
+        self.failed = []
+        self._lock = threading.Lock()
+
+    def __call__(self, name, ok, detail=""):
+        with self._lock:
+            if ok:
+                self.passed += 1
+                print(f"ok {name}", flush=True)
+            else:
+                self.failed.append(name)
+                print(f"FAIL {name}: {detail}", flush=True)
+
+    def finish(self):
+        print(f"{self.passed} passed, {len(self.failed)} failed")
+        sys.exit(1 if self.failed else 0)
