@@ -161,8 +161,14 @@ fn malformed_structured_output_requests_are_400s_naming_the_field() {
     assert_eq!(r.status, 200, "{}", r.text());
 }
 
+/// In the engine's process (`uni`) and in a worker process of its own
+/// (`mp`), where the vocabulary and every mask cross to the plugin inside
+/// the worker through shared memory.
 #[test]
-fn the_openai_client_gets_outputs_that_follow_the_constraint() {
-    let server = Server::start_with_structured_outputs();
-    server.run_openai_script("structured_client.py", &json!({}));
+fn the_openai_client_gets_outputs_that_follow_the_constraint_uni_and_mp() {
+    for backend in ["uni", "mp"] {
+        let executor = format!("parallel.distributed_executor_backend={backend}");
+        let server = Server::start_with_structured_outputs(&["--set", &executor]);
+        server.run_openai_script("structured_client.py", &json!({}));
+    }
 }
