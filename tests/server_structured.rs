@@ -168,7 +168,52 @@ fn malformed_structured_output_requests_are_400s_naming_the_field() {
 fn the_openai_client_gets_outputs_that_follow_the_constraint_uni_and_mp() {
     for backend in ["uni", "mp"] {
         let executor = format!("parallel.distributed_executor_backend={backend}");
-        let server = Server::start_with_structured_outputs(&["--set", &executor]);
+        let server =
+            Server::start_with_structured_outputs(&["--api-key", "sesame", "--set", &executor]);
         server.run_openai_script("structured_client.py", &json!({}));
     }
+}
+
+/// A constrained request the plugin cannot serve fails alone, clearly:
+/// `allowed_token_ids` leaves none of the tokens its choice allows, so the
+/// token sampled breaks the constraint and the plugin fails that row. A
+/// constrained and an unconstrained request running beside it finish as
+/// they do alone.
+#[test]
+fn a_request_the_plugin_cannot_serve_fails_alone() {
+    let server = Server::start_with_structured_outputs(&[]);
+    let choice = json!({"choice": ["yes", "no"]});
+    let doomed = completion(
+        json!({"prompt": "Is it?", "max_tokens": 8, "temperature": 0,
+        "structured_outputs": choice, "allowed_token_ids": [3]}),
+    );
+    let constrained = completion(
+        json!({"prompt": "Is it?", "max_tokens": 8, "temperature": 0,
+        "structured_outputs": choice}),
+    );
+    let free = completion(
+        json!({"prompt": "The capital of France is", "max_tokens": 12, "temperature": 0}),
+    );
+    let alone = server.post("/v1/completions", &free).json()["choices"][0]["text"].clone();
+    let server = &server;
+    let [doomed, constrained, free] = std::thread::scope(|s| {
+        [&doomed, &constrained, &free]
+            .map(|body| s.spawn(move || server.post("/v1/completions", body)))
+            .map(|h| h.join().unwrap())
+    });
+    assert_eq!(doomed.status, 500, "{}", doomed.text());
+    let message = doomed.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        message.contains("engine:structured-output")
+            && message.contains("does not fit the constraint"),
+        "{message}"
+    );
+    assert_eq!(constrained.status, 200, "{}", constrained.text());
+    let text = constrained.json()["choices"][0]["text"].clone();
+    assert!(text == "yes" || text == "no", "{text}");
+    assert_eq!(free.status, 200, "{}", free.text());
+    assert_eq!(free.json()["choices"][0]["text"], alone);
 }

@@ -81,6 +81,6 @@ fn malformed_tool_requests_are_400s_naming_the_field() {
 
 #[test]
 fn the_openai_client_calls_tools_with_arguments_that_follow_their_schema() {
-    let server = Server::start_with_structured_outputs(&[]);
+    let server = Server::start_with_structured_outputs(&["--api-key", "sesame"]);
     server.run_openai_script("tools_client.py", &json!({}));
 }

@@ -25,15 +25,13 @@ pub struct Server {
 }
 
 impl Server {
-    /// A server with the structured-output plugin, `--api-key sesame`
-    /// (what `run_openai_script` sends) and `more`. The default configuration serves
+    /// A server with the structured-output plugin and `more`. The default configuration serves
     /// the plugin when it is installed beside the binary (scripts/test.sh
     /// puts it there); otherwise it is given by path, since a second copy
     /// of the same name would clash with the installed one.
     pub fn start_with_structured_outputs(more: &[&str]) -> Server {
         let installed = e2e::host_bin().with_file_name("plugins/structured_output.wasm");
-        let mut args = vec!["--api-key".to_string(), "sesame".to_string()];
-        args.extend(more.iter().map(|a| a.to_string()));
+        let mut args: Vec<String> = more.iter().map(|a| a.to_string()).collect();
         if !installed.is_file() {
             let wasm = e2e::plugin("structured_output");
             args.extend(["--plugin".to_string(), wasm.to_string_lossy().into_owned()]);
