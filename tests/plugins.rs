@@ -448,6 +448,40 @@ fn a_claiming_processors_fault_fails_only_the_rows_of_its_call() {
     assert_eq!(llm.stats().scheduler.num_running, 0);
 }
 
+/// Two claimed requests in the same calls: when one makes the processor
+/// trap, the recreated instance is asked for each row alone, so only the
+/// row that traps again fails and the other keeps its constraint.
+#[test]
+fn a_fault_fails_only_the_claimed_row_that_faults_again() {
+    let prompt = "The capital of France is";
+    let top = first_token_ranking(prompt);
+    let allowed = [top[3], top[4]];
+    let reqs = [
+        request(
+            prompt,
+            claimed(serde_json::json!({"allow_ids": allowed, "trap_at": 2}), 6),
+        ),
+        request(
+            prompt,
+            claimed(serde_json::json!({"allow_ids": allowed}), 8),
+        ),
+    ];
+    let mut c = engine_config(&["claims"]);
+    c.scheduler.max_num_seqs = 2;
+    c.plugins.logits_processors = vec!["test:claims".into()];
+    let mut llm = Llm::new(&c).unwrap();
+    let out = run(&mut llm, &reqs);
+    let trapped = out[0].as_ref().unwrap_err();
+    assert!(
+        trapped.contains("trapping in process at token 2"),
+        "{trapped}"
+    );
+    let beside = out[1].as_ref().unwrap();
+    assert_eq!(beside.len(), 8, "the request beside it runs to its end");
+    assert!(beside.iter().all(|t| allowed.contains(t)), "{beside:?}");
+    assert_eq!(llm.stats().scheduler.num_running, 0);
+}
+
 #[test]
 fn the_request_checker_asks_the_claiming_processors() {
     use host::plugins::{host_from_config, RequestChecker, Vocabulary};

@@ -13,10 +13,11 @@
 //! request enters the batch; an error fails that request): it is told only
 //! of the requests it claimed, sees only their rows, and is not called in a
 //! step that has none of them and nothing to tell. It may fail single rows
-//! (`fail-rows`), and a fault of its call fails the call's rows whatever
-//! `on_error` says, since sampling them unconstrained would break their
-//! constraint; its recreated instance is told every live request it claimed
-//! again, with the output each has so far.
+//! (`fail-rows`). After a fault its recreated instance is told every live
+//! request it claimed again, with the output each has so far, and asked for
+//! each row of the faulting call alone: a row whose call faults again fails,
+//! whatever `on_error` says, since sampling it unconstrained would break its
+//! constraint.
 //!
 //! An older processor is told of every request and sees every row. A fault
 //! (trap, overrun, invalid edits, an error returned) is logged with the
@@ -262,23 +263,27 @@ impl LogitsProcessors {
             if p.claimed.is_some() && p.rows.is_empty() && p.pending.is_empty() {
                 continue;
             }
-            match call(p, self.vocabulary.as_deref(), &self.live, vocab, &outputs) {
-                Ok(edits) => {
-                    edits::apply_edits(&edits, &p.rows, logits, vocab);
-                    let name = p.plugin.name();
-                    for (&r, message) in edits.fail_rows.iter().zip(&edits.fail_messages) {
-                        fail(
-                            &mut failed,
-                            p.rows[r as usize].id,
-                            format!("{name}: {message}"),
-                        );
-                    }
+            let vocabulary = self.vocabulary.as_deref();
+            match call(p, vocabulary, &self.live, vocab, &outputs) {
+                Ok(edits) => take(p, &edits, logits, vocab, &mut failed),
+                // A 0.4 processor's rows cannot be sampled without it. Which
+                // row made it fault is unknown, so the recreated instance is
+                // asked for each row alone: only the rows that fault again
+                // fail, and the others keep their constraint.
+                Err(e) if p.claimed.is_some() && p.rows.len() == 1 => {
+                    fail(&mut failed, p.rows[0].id, e.to_string());
                 }
-                // A 0.4 processor's rows cannot be sampled without it.
-                Err(e) if p.claimed.is_some() => {
-                    for r in &p.rows {
-                        fail(&mut failed, r.id, e.to_string());
+                Err(_) if p.claimed.is_some() => {
+                    let all = std::mem::take(&mut p.rows);
+                    for &row in &all {
+                        p.rows.clear();
+                        p.rows.push(row);
+                        match call(p, vocabulary, &self.live, vocab, &outputs) {
+                            Ok(edits) => take(p, &edits, logits, vocab, &mut failed),
+                            Err(e) => fail(&mut failed, row.id, e.to_string()),
+                        }
                     }
+                    p.rows = all;
                 }
                 Err(e) => match self.on_error {
                     OnError::Fail => return Err(e),
@@ -292,6 +297,22 @@ impl LogitsProcessors {
             self.remove(*id);
         }
         Ok(failed)
+    }
+}
+
+/// Applies a processor's edits to its rows (`p.rows`) and records the
+/// rows it failed.
+fn take(
+    p: &Processor,
+    edits: &LogitEdits,
+    logits: &mut [f32],
+    vocab: usize,
+    failed: &mut Failures,
+) {
+    edits::apply_edits(edits, &p.rows, logits, vocab);
+    let name = p.plugin.name();
+    for (&r, message) in edits.fail_rows.iter().zip(&edits.fail_messages) {
+        fail(failed, p.rows[r as usize].id, format!("{name}: {message}"));
     }
 }
 
