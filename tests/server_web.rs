@@ -119,8 +119,8 @@ fn the_page_streams_the_apis_greedy_answer() {
     assert!(v["tokens_per_s"].as_f64().unwrap() > 0.0, "{v}");
     assert!(v["stats"].as_str().unwrap().contains("tok/s"), "{v}");
     assert!(v["gauges"]["kv"].as_str().unwrap().ends_with('%'), "{v}");
-    // Every plugin `host plugin list` knows is listed, and the policy
-    // `--plugin` gave is marked as the one in use.
+    // Every plugin `host plugin list` knows is listed, with its kind, and
+    // the policy `--plugin` gave is marked as the one in use.
     let shown: Vec<String> = v["plugins"]
         .as_array()
         .unwrap()
@@ -130,10 +130,15 @@ fn the_page_streams_the_apis_greedy_answer() {
     let known = plugin_list(&plugin);
     assert_eq!(shown.len(), known.len(), "{shown:?} vs {known:?}");
     for (s, k) in shown.iter().zip(&known) {
-        assert!(
-            s.starts_with(k.as_str()) && s.contains("scheduling policy"),
-            "{s} vs {k}"
-        );
+        // The built-in policies and the one `--plugin` gave are policies;
+        // the structured-output backend, when installed beside the binary
+        // (scripts/test.sh), is a logits processor.
+        let kind = if k.starts_with("engine:structured-output@") {
+            "logits processor"
+        } else {
+            "scheduling policy"
+        };
+        assert!(s.starts_with(k.as_str()) && s.contains(kind), "{s} vs {k}");
     }
     let used: Vec<&String> = shown
         .iter()
