@@ -488,13 +488,7 @@ fn the_request_checker_asks_the_claiming_processors() {
     let mut c = engine_config(&["claims", "allow_mask"]);
     let host = host_from_config(&c.plugins).unwrap();
     let tokenizer = host::engine::startup::load_tokenizer(&c).unwrap();
-    let tokens = (0..tokenizer.vocab_size() as u32).map(|id| {
-        (
-            tokenizer.token_bytes(id).unwrap_or_default(),
-            tokenizer.is_special(id),
-        )
-    });
-    let vocabulary = Vocabulary::from_tokens(tokens, tokenizer.eos_token_id());
+    let vocabulary = Vocabulary::from_tokens(tokenizer.tokens(), tokenizer.eos_token_id());
     c.plugins.logits_processors = vec!["test:allow-mask".into(), "test:claims".into()];
     let checker = RequestChecker::new(&host, &c.plugins.logits_processors, &vocabulary)
         .unwrap()

@@ -50,13 +50,7 @@ fn setup(cache: &Path) -> (LogitsProcessors, Vec<u32>, usize) {
     let mut engine = EngineConfig::default();
     engine.model.path = default_model_path(&repo());
     let tokenizer = host::engine::startup::load_tokenizer(&engine).expect("the model's tokenizer");
-    let tokens = (0..tokenizer.vocab_size() as u32).map(|id| {
-        (
-            tokenizer.token_bytes(id).unwrap_or_default(),
-            tokenizer.is_special(id),
-        )
-    });
-    let vocabulary = Vocabulary::from_tokens(tokens, tokenizer.eos_token_id());
+    let vocabulary = Vocabulary::from_tokens(tokenizer.tokens(), tokenizer.eos_token_id());
     processors
         .set_vocabulary(&vocabulary)
         .expect("set-vocabulary");

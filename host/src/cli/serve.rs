@@ -89,13 +89,7 @@ fn request_checker(config: &EngineConfig) -> anyhow::Result<Option<RequestChecke
     let host = host_from_config(&config.plugins)
         .context("loading the logits processors for the request check")?;
     let tokenizer = crate::engine::startup::load_tokenizer(config)?;
-    let tokens = (0..tokenizer.vocab_size() as u32).map(|id| {
-        (
-            tokenizer.token_bytes(id).unwrap_or_default(),
-            tokenizer.is_special(id),
-        )
-    });
-    let vocabulary = Vocabulary::from_tokens(tokens, tokenizer.eos_token_id());
+    let vocabulary = Vocabulary::from_tokens(tokenizer.tokens(), tokenizer.eos_token_id());
     RequestChecker::new(&host, names, &vocabulary)
         .context("starting the logits processors for the request check")
 }

@@ -222,15 +222,14 @@ fn spinner(message: String) -> ProgressBar {
 /// (`plugins::Vocabulary` as JSON): every token's bytes flat, each token's
 /// end offset, the special ids and EOS.
 fn vocabulary_json(tokenizer: &Tokenizer) -> String {
-    let n = tokenizer.vocab_size() as u32;
     let mut token_bytes = Vec::new();
-    let mut token_ends = Vec::with_capacity(n as usize);
+    let mut token_ends = Vec::with_capacity(tokenizer.vocab_size());
     let mut special_ids = Vec::new();
-    for id in 0..n {
-        token_bytes.extend_from_slice(tokenizer.token_bytes(id).unwrap_or_default());
+    for (id, (bytes, special)) in tokenizer.tokens().enumerate() {
+        token_bytes.extend_from_slice(bytes);
         token_ends.push(token_bytes.len() as u32);
-        if tokenizer.is_special(id) {
-            special_ids.push(id);
+        if special {
+            special_ids.push(id as u32);
         }
     }
     serde_json::json!({

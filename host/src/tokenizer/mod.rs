@@ -273,6 +273,18 @@ impl Tokenizer {
         self.pieces.bytes(id, false).ok().flatten()
     }
 
+    /// Every token in id order, as its bytes ([`Self::token_bytes`], empty
+    /// for an id without any) and whether it is special: the vocabulary a
+    /// constrained-decoding plugin learns.
+    pub fn tokens(&self) -> impl Iterator<Item = (&[u8], bool)> + '_ {
+        (0..self.vocab_size() as u32).map(|id| {
+            (
+                self.token_bytes(id).unwrap_or_default(),
+                self.is_special(id),
+            )
+        })
+    }
+
     /// The text of token `id` (empty for none), as templates see `bos_token`.
     fn token_text(&self, id: Option<u32>) -> String {
         id.and_then(|id| self.decode(&[id], false).ok())
