@@ -11,7 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Deserialize;
 
 use super::sampling_args::SamplingArgs;
-use super::shipped_plugins::{structured_outputs_unavailable, STRUCTURED_OUTPUTS_KEY};
+use super::shipped_plugins::{asks_for_structured_output, structured_outputs_unavailable};
 use crate::config::EngineConfig;
 use crate::engine::{GenerateRequest, Llm, Prompt};
 use crate::sampling::SamplingParams;
@@ -131,11 +131,7 @@ fn run_batch(
         let parsed: InputLine =
             serde_json::from_str(&line).with_context(|| format!("{}: not a request", at()))?;
         let request = to_request(parsed, defaults).with_context(at)?;
-        let constrained = request
-            .params
-            .extra_args
-            .as_ref()
-            .is_some_and(|a| a.get(STRUCTURED_OUTPUTS_KEY).is_some_and(|v| !v.is_null()));
+        let constrained = asks_for_structured_output(request.params.extra_args.as_ref());
         if let Some(why) = constrained
             .then(|| structured_outputs_unavailable(config))
             .flatten()

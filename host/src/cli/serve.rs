@@ -6,7 +6,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 
-use super::shipped_plugins::{structured_outputs_unavailable, STRUCTURED_OUTPUTS_KEY};
+use super::shipped_plugins::{asks_for_structured_output, structured_outputs_unavailable};
 use crate::config::EngineConfig;
 use crate::plugins::{host_from_config, RequestChecker, Vocabulary};
 use crate::server::RequestCheck;
@@ -64,9 +64,7 @@ struct ServeCheck {
 
 impl RequestCheck for ServeCheck {
     fn check(&self, extra_args: Option<&serde_json::Value>) -> Result<(), String> {
-        let constrained = extra_args
-            .and_then(|a| a.get(STRUCTURED_OUTPUTS_KEY))
-            .is_some_and(|v| !v.is_null());
+        let constrained = asks_for_structured_output(extra_args);
         if let (true, Some(why)) = (constrained, &self.structured_outputs_unavailable) {
             return Err(format!("structured output was asked for, but {why}"));
         }

@@ -12,10 +12,15 @@ use std::path::PathBuf;
 
 use crate::config::{EngineConfig, DEFAULT_STRUCTURED_OUTPUTS_BACKEND};
 use crate::plugins::{host_from_config, PluginKind};
+use crate::server::STRUCTURED_OUTPUTS_KEY;
 
-/// The key of a request's `extra_args` that carries its constraint, which
-/// the structured-output plugin reads.
-pub const STRUCTURED_OUTPUTS_KEY: &str = "structured_outputs";
+/// Whether a request's `extra_args` carry a structured-output constraint
+/// (under the key the API server puts it, which the plugin reads).
+pub fn asks_for_structured_output(extra_args: Option<&serde_json::Value>) -> bool {
+    extra_args
+        .and_then(|a| a.get(STRUCTURED_OUTPUTS_KEY))
+        .is_some_and(|v| !v.is_null())
+}
 
 /// Where the shipped plugins are installed: `plugins/` beside the
 /// executable, when it exists.
