@@ -59,6 +59,7 @@ fn request(id: &str, prompt_token_ids: Vec<u32>, params: SamplingParams) -> Engi
         prompt_token_ids,
         sampling_params: params,
         priority: 0,
+        output_token_ids: Vec::new(),
     }
 }
 

@@ -227,6 +227,7 @@ fn sleep_waits_for_no_one_it_refuses_while_requests_are_unfinished() {
         prompt_token_ids: tokenizer.encode(PROMPT, true).unwrap(),
         sampling_params: greedy(PROMPT).params,
         priority: 0,
+        output_token_ids: Vec::new(),
     };
     core.add_request(request).unwrap();
     // One step: the request is in the worker's batch (and, under async

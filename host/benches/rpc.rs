@@ -101,6 +101,7 @@ fn busy_step() -> SchedulerOutput {
         prompt_token_ids: (0..512)
             .map(|i: u32| i.wrapping_mul(2_654_435_761) % 49152)
             .collect(),
+        output_token_ids: Vec::new(),
         sampling_params: SamplingParams::default(),
         block_ids: (0..32).collect(),
         num_computed_tokens: 0,

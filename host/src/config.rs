@@ -53,6 +53,9 @@ pub struct EngineConfig {
     pub server: ServerConfig,
     /// Constrained decoding (JSON schema, regex, choice, grammar, tool calls).
     pub structured_outputs: StructuredOutputsConfig,
+    /// Recovery: how often a dead worker group or engine-core process is
+    /// restarted before the engine gives up.
+    pub engine: RestartConfig,
 }
 
 /// `[model]`: the checkpoint, its tokenizer and its limits.
@@ -188,6 +191,35 @@ impl Default for ParallelConfig {
             worker_start_timeout_s: 600.0,
             worker_shutdown_timeout_s: 5.0,
             execute_model_timeout_s: 300.0,
+        }
+    }
+}
+
+/// `[engine]`: restarting what died. A dead worker group (the engine core
+/// restarts it) or a dead engine-core process (the API server restarts it)
+/// is replaced and its requests replayed by recompute, at most
+/// `max_restarts` times within any `restart_window_s`; past that the engine
+/// is dead, since something that keeps dying is not transient.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RestartConfig {
+    /// Restarts allowed within the window (`0`: never restart, vLLM's
+    /// behaviour).
+    pub max_restarts: u32,
+    /// The sliding window, in seconds, the restarts are counted over.
+    pub restart_window_s: f64,
+}
+
+impl Default for RestartConfig {
+    fn default() -> Self {
+        // Three in five minutes: a worker killed by the OOM killer or an
+        // operator's mistake comes back, while one that dies on every start
+        // (a bad model file, a broken machine) spends the budget within
+        // seconds and the process exits for its supervisor to see, as a
+        // Kubernetes CrashLoopBackOff would.
+        RestartConfig {
+            max_restarts: 3,
+            restart_window_s: 300.0,
         }
     }
 }
@@ -587,6 +619,7 @@ impl EngineConfig {
                 "parallel.execute_model_timeout_s",
                 self.parallel.execute_model_timeout_s,
             ),
+            ("engine.restart_window_s", self.engine.restart_window_s),
         ];
         if let Some((key, v)) = seconds
             .into_iter()

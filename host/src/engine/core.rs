@@ -12,12 +12,14 @@ use thiserror::Error;
 
 use super::executor::{Executor, ExecutorError, StepFuture};
 
+mod recovery;
 mod utility;
 use crate::sampling::SamplingParams;
 use crate::scheduler::{
     FinishReason, Request, RequestOutput, Scheduler, SchedulerError, SchedulerStats,
 };
 use crate::step::{Logprobs, PromptLogprobs, SchedulerOutput};
+pub use recovery::{Respawn, Respawned};
 pub use utility::UTILITY_METHODS;
 
 /// A request as the engine core receives it: already tokenized.
@@ -31,6 +33,12 @@ pub struct EngineCoreRequest {
     pub sampling_params: SamplingParams,
     /// Under the priority policy a smaller value runs first (as in vLLM).
     pub priority: i32,
+    /// Tokens this request already generated: set when a client replays a
+    /// request after the engine core that ran it died. The request resumes
+    /// as if preempted: these tokens are recomputed, not sampled again, and
+    /// count towards `max_tokens`, penalties and the constraint.
+    #[serde(default)]
+    pub output_token_ids: Vec<u32>,
 }
 
 /// What one request produced in one step.
@@ -74,6 +82,10 @@ pub enum EngineError {
     /// "fail"`; the engine is dead.
     #[error("{0}")]
     Policy(String),
+    /// The workers died and could not be restarted (the budget is spent,
+    /// or the new ones failed to start); the engine is dead.
+    #[error("{0}")]
+    Restart(String),
 }
 
 /// Per-step timings, for the metrics.
@@ -112,6 +124,8 @@ pub struct EngineCore {
     /// Tokens generated so far.
     num_generation_tokens: u64,
     started: Instant,
+    /// How to replace dead workers; `None`: a worker death is fatal.
+    restart: Option<recovery::WorkerRestart>,
 }
 
 impl EngineCore {
@@ -130,6 +144,7 @@ impl EngineCore {
             num_prompt_tokens: 0,
             num_generation_tokens: 0,
             started: Instant::now(),
+            restart: None,
         }
     }
 
@@ -147,13 +162,15 @@ impl EngineCore {
     pub fn add_request(&mut self, req: EngineCoreRequest) -> Result<(), SchedulerError> {
         let arrival = self.started.elapsed().as_secs_f64();
         let prompt_len = req.prompt_token_ids.len() as u64;
-        self.scheduler.add_request(Request::new(
+        let request = Request::new(
             req.request_id,
             req.prompt_token_ids,
             req.sampling_params,
             arrival,
             req.priority,
-        ))?;
+        );
+        self.scheduler
+            .add_request(request.with_output(&req.output_token_ids))?;
         self.num_prompt_tokens += prompt_len;
         Ok(())
     }
@@ -234,6 +251,9 @@ impl EngineCore {
         let t3 = Instant::now();
         self.last_timings.execute_s = (t2 - t1).as_secs_f64();
         self.last_timings.update_s = (t3 - t2).as_secs_f64();
+        if let Some(r) = self.restart.as_mut() {
+            r.note_outputs(self.outputs.len());
+        }
         let mut out = Vec::with_capacity(self.outputs.len());
         for o in &self.outputs {
             self.num_generation_tokens += o.new_token_ids.len() as u64;
@@ -301,6 +321,8 @@ impl EngineCore {
             num_prompt_tokens: self.num_prompt_tokens,
             num_generation_tokens: self.num_generation_tokens,
             last_step: self.last_timings,
+            num_worker_restarts: self.restart.as_ref().map_or(0, |r| r.num_restarts),
+            num_worker_replayed_requests: self.restart.as_ref().map_or(0, |r| r.num_replayed),
         }
     }
 
@@ -321,4 +343,10 @@ pub struct EngineStats {
     pub num_generation_tokens: u64,
     /// Timings of the latest step.
     pub last_step: StepTimings,
+    /// Times the worker group died and was restarted.
+    #[serde(default)]
+    pub num_worker_restarts: u64,
+    /// Requests replayed by recompute after those restarts.
+    #[serde(default)]
+    pub num_worker_replayed_requests: u64,
 }

@@ -14,6 +14,10 @@
 //! previous one still runs, so the loop's own work hides behind the
 //! forward pass.
 //!
+//! A step that fails because a worker died hands the error to
+//! [`EngineCore::recover`], which replaces the worker group and replays
+//! every request by recompute when `[engine]` allows it.
+//!
 //! Every client message goes through one ordered queue: an ABORT can never
 //! overtake the ADD of the same request. The loop reads it before each step
 //! and again while the step runs, so an abort takes effect before the
@@ -105,10 +109,12 @@ pub(crate) fn run_busy_loop(
         if !core.has_work() && stopping.is_none() && deferred.is_empty() {
             match inputs.recv_timeout(IDLE_HEALTH_CHECK) {
                 Ok(msg) => handle(&mut core, msg, &outputs, &mut stopping),
-                Err(RecvTimeoutError::Timeout) => match core.check_health() {
-                    Ok(()) => continue,
-                    Err(e) => break Err(format!("{e:#}")),
-                },
+                Err(RecvTimeoutError::Timeout) => {
+                    match core.check_health().or_else(|e| core.recover(e)) {
+                        Ok(()) => continue,
+                        Err(e) => break Err(format!("{e:#}")),
+                    }
+                }
                 Err(RecvTimeoutError::Disconnected) => break Ok(()),
             }
         }
@@ -143,7 +149,12 @@ pub(crate) fn run_busy_loop(
                     break Ok(());
                 }
             }
-            Err(e) => break Err(format!("{e:#}")),
+            // A dead worker group is replaced and its requests replayed
+            // when the configuration allows; anything else is fatal.
+            Err(e) => match core.recover(e) {
+                Ok(()) => {}
+                Err(e) => break Err(format!("{e:#}")),
+            },
         }
     };
     if let Err(reason) = result {

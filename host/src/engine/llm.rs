@@ -200,6 +200,7 @@ impl Llm {
                 prompt_token_ids: ids.clone(),
                 sampling_params: req.params.clone(),
                 priority: req.priority,
+                output_token_ids: Vec::new(),
             };
             if let Err(e) = self.core.add_request(core_req) {
                 results[index] = refused(e.into());

@@ -10,6 +10,7 @@ mod executor;
 pub mod ipc;
 mod llm;
 mod output_processor;
+pub mod restart;
 mod shared;
 pub mod startup;
 

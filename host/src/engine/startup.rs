@@ -8,13 +8,13 @@
 //! initialize_from_config → compile_or_warm_up_model.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::core::EngineCore;
-use super::executor::{executor_for, Executor, UniProcExecutor};
+use super::core::{EngineCore, Respawn, Respawned};
+use super::executor::{executor_for, Executor, MultiprocExecutor, UniProcExecutor};
 use crate::config::EngineConfig;
 use crate::model::gguf::GgufFile;
 use crate::scheduler::{Scheduler, SchedulerConfig};
@@ -44,7 +44,8 @@ pub fn start(config: &EngineConfig) -> anyhow::Result<Started> {
     let spinner = spinner(format!("loading {}", config.model.path.display()));
     let tokenizer = load_tokenizer(config)?;
     let mut executor = UniProcExecutor::start(worker_config(config, tokenizer.eos_token_id())?)?;
-    let num_blocks = initialize_kv_cache(&mut executor, config)?;
+    let num_blocks = available_blocks(&mut executor, config)?;
+    allocate_kv_cache(&mut executor, config, num_blocks)?;
     spinner.finish_and_clear();
     Ok(Started {
         tokenizer,
@@ -60,7 +61,8 @@ pub fn build_engine_core(config: &EngineConfig) -> anyhow::Result<(EngineCore, T
     let spinner = spinner(format!("loading {}", config.model.path.display()));
     let tokenizer = load_tokenizer(config)?;
     let mut executor = executor_for(config, tokenizer.eos_token_id())?;
-    let num_blocks = initialize_kv_cache(executor.as_mut(), config)?;
+    let num_blocks = available_blocks(executor.as_mut(), config)?;
+    allocate_kv_cache(executor.as_mut(), config, num_blocks)?;
     let timeout = start_timeout(config);
     let max_model_len = counts(
         executor.call("max_model_len", RpcValue::Unit, None, timeout)?,
@@ -74,17 +76,11 @@ pub fn build_engine_core(config: &EngineConfig) -> anyhow::Result<(EngineCore, T
         num_blocks * config.cache.block_size,
         config.model.max_model_len > 0,
     )?;
-    if !config.plugins.logits_processors.is_empty() || !config.plugins.sampler.is_empty() {
-        if !config.plugins.logits_processors.is_empty() {
-            // Logits processors (0.3) learn the vocabulary; only the engine
-            // has the tokenizer, so it sends each token's bytes first.
-            let vocabulary = vocabulary_json(&tokenizer);
-            executor.call("set_vocabulary", RpcValue::Json(vocabulary), None, timeout)?;
-        }
-        // The workers load what their own copy of the operator's [plugins]
-        // names; the call carries nothing a caller could widen.
-        executor.call("load_logits_processors", RpcValue::Unit, None, timeout)?;
-    }
+    // Logits processors (0.3) learn the vocabulary; only the engine has the
+    // tokenizer, so it sends each token's bytes.
+    let vocabulary =
+        (!config.plugins.logits_processors.is_empty()).then(|| vocabulary_json(&tokenizer));
+    load_worker_plugins(executor.as_mut(), config, vocabulary.as_deref())?;
     spinner.finish_and_clear();
     let sched = &config.scheduler;
     let policy = scheduling_policy(config)?;
@@ -100,8 +96,73 @@ pub fn build_engine_core(config: &EngineConfig) -> anyhow::Result<(EngineCore, T
         },
         policy,
     )?;
-    let core = EngineCore::new(scheduler, executor).with_async_scheduling(sched.async_scheduling);
+    let mut core =
+        EngineCore::new(scheduler, executor).with_async_scheduling(sched.async_scheduling);
+    let eos = tokenizer.eos_token_id();
+    if let Some(respawn) = respawn_workers(config, eos, vocabulary, num_blocks) {
+        core = core.with_worker_restart(respawn, &config.engine);
+    }
     Ok((core, tokenizer))
+}
+
+/// Plugins the workers run beside the model: the vocabulary first (when
+/// logits processors are configured), then the processors and the sampler
+/// the workers' own copy of the operator's `[plugins]` names (the call
+/// carries nothing a caller could widen).
+fn load_worker_plugins(
+    executor: &mut dyn Executor,
+    config: &EngineConfig,
+    vocabulary: Option<&str>,
+) -> anyhow::Result<()> {
+    if config.plugins.logits_processors.is_empty() && config.plugins.sampler.is_empty() {
+        return Ok(());
+    }
+    let timeout = start_timeout(config);
+    if let Some(vocabulary) = vocabulary {
+        let vocabulary = RpcValue::Json(vocabulary.to_string());
+        executor.call("set_vocabulary", vocabulary, None, timeout)?;
+    }
+    executor.call("load_logits_processors", RpcValue::Unit, None, timeout)?;
+    Ok(())
+}
+
+/// How the engine core replaces a dead worker group (`mp` only: an
+/// in-process worker dies with the engine core, which its client restarts
+/// instead), unless `engine.max_restarts` is 0. The new group gets the KV
+/// cache the scheduler was sized to and the same plugins.
+fn respawn_workers(
+    config: &EngineConfig,
+    eos_token_id: Option<u32>,
+    vocabulary: Option<String>,
+    num_blocks: usize,
+) -> Option<Respawn> {
+    if config.parallel.distributed_executor_backend != "mp" || config.engine.max_restarts == 0 {
+        return None;
+    }
+    let config = config.clone();
+    Some(Box::new(move || {
+        let t0 = Instant::now();
+        let tp = config.parallel.tensor_parallel_size;
+        let mut executor = MultiprocExecutor::start(&config, eos_token_id, tp)?;
+        let load_s = executor.model_load_seconds();
+        let spawn_s = (t0.elapsed().as_secs_f64() - load_s).max(0.0);
+        let t1 = Instant::now();
+        let available = available_blocks(&mut executor, &config)?;
+        if available < num_blocks {
+            anyhow::bail!(
+                "the new workers hold {available} KV blocks, fewer than the {num_blocks} \
+                 the engine was sized to at start"
+            );
+        }
+        allocate_kv_cache(&mut executor, &config, num_blocks)?;
+        load_worker_plugins(&mut executor, &config, vocabulary.as_deref())?;
+        Ok(Respawned {
+            executor: Box::new(executor),
+            spawn_s,
+            load_s,
+            init_s: t1.elapsed().as_secs_f64(),
+        })
+    }))
 }
 
 /// The longest context the engine accepts: the model's (or the configured)
@@ -139,12 +200,8 @@ fn scheduling_policy(
     crate::scheduler::policy_from_config(&config.scheduler.policy, &config.plugins)
 }
 
-/// Sizes the KV cache to the fewest blocks any worker can hold, allocates
-/// it on every worker and warms the model up; returns the block count.
-fn initialize_kv_cache(
-    executor: &mut dyn Executor,
-    config: &EngineConfig,
-) -> anyhow::Result<usize> {
+/// The fewest KV blocks any worker can hold.
+fn available_blocks(executor: &mut dyn Executor, config: &EngineConfig) -> anyhow::Result<usize> {
     let timeout = start_timeout(config);
     let memory = counts(
         executor.call("determine_available_memory", RpcValue::Unit, None, timeout)?,
@@ -167,14 +224,24 @@ fn initialize_kv_cache(
             per_block.iter().max().copied().unwrap_or(0)
         );
     }
+    Ok(usize::try_from(num_blocks)?)
+}
+
+/// Allocates `num_blocks` KV blocks on every worker and warms the model up.
+fn allocate_kv_cache(
+    executor: &mut dyn Executor,
+    config: &EngineConfig,
+    num_blocks: usize,
+) -> anyhow::Result<()> {
+    let timeout = start_timeout(config);
     executor.call(
         "initialize_from_config",
-        RpcValue::Count(num_blocks),
+        RpcValue::Count(num_blocks as u64),
         None,
         timeout,
     )?;
     executor.call("compile_or_warm_up_model", RpcValue::Unit, None, timeout)?;
-    Ok(usize::try_from(num_blocks)?)
+    Ok(())
 }
 
 /// The deadline for start-up calls (`mp`): the workers' start timeout.

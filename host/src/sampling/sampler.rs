@@ -111,6 +111,21 @@ impl RequestSampler {
         self.history.push_output(token);
     }
 
+    /// Restores a replayed request's state after `output` (its workers
+    /// died): the tokens join the history, and the generator skips the one
+    /// uniform the host drew for each (none when greedy), so a seeded
+    /// request goes on exactly as if nothing had happened. A sampler plugin
+    /// may draw a different number per token; its requests resume with the
+    /// generator at this count, deterministically but not identically.
+    pub fn resume(&mut self, output: &[u32], params: &SamplingParams) {
+        for &token in output {
+            self.accept(token);
+            if !params.is_greedy() {
+                self.rng.next_f64();
+            }
+        }
+    }
+
     /// Number of generated tokens recorded so far.
     pub fn num_output_tokens(&self) -> usize {
         self.history.num_output()

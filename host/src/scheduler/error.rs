@@ -36,6 +36,16 @@ pub enum SchedulerError {
     /// The prompt has no tokens.
     #[error("request {0:?}: the prompt is empty; at least one prompt token is required")]
     EmptyPrompt(String),
+    /// A replayed request already holds every token `max_tokens` allows.
+    #[error("request {request_id:?}: replayed with {num_output} output tokens, but max_tokens is {max_tokens}; a finished request is not replayed")]
+    NothingLeftToGenerate {
+        /// The request.
+        request_id: String,
+        /// Tokens it already generated.
+        num_output: usize,
+        /// Its `max_tokens`.
+        max_tokens: u32,
+    },
     /// The sampling parameters are invalid.
     #[error("request {request_id:?}: {source}")]
     InvalidSamplingParams {

@@ -18,6 +18,7 @@ pub mod output;
 pub mod policy;
 mod policy_plugin;
 pub mod request;
+mod restart;
 mod schedule;
 mod update;
 
@@ -227,7 +228,15 @@ impl Scheduler {
                 n: params.n,
             });
         }
-        let prompt_len = req.num_tokens();
+        if req.num_output_tokens() >= params.max_tokens as usize {
+            return Err(SchedulerError::NothingLeftToGenerate {
+                request_id: id(),
+                num_output: req.num_output_tokens(),
+                max_tokens: params.max_tokens,
+            });
+        }
+        // A replayed request's output counts against max_tokens, not twice.
+        let prompt_len = req.num_prompt_tokens;
         let total = prompt_len as u64 + u64::from(params.max_tokens);
         let max_len = self.config.max_model_len;
         if total > u64::from(max_len) {

@@ -103,6 +103,14 @@ impl Request {
         }
     }
 
+    /// The request replayed with the tokens it already generated (its
+    /// engine core died): it resumes as a preempted request would, its
+    /// output recomputed rather than sampled again.
+    pub fn with_output(mut self, output_token_ids: &[u32]) -> Self {
+        self.all_token_ids.extend_from_slice(output_token_ids);
+        self
+    }
+
     /// The caller's request id.
     pub fn request_id(&self) -> &str {
         &self.request_id

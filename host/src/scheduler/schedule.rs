@@ -309,6 +309,7 @@ impl Scheduler {
                     handle: s.handle,
                     request_id: req.request_id.to_string(),
                     prompt_token_ids: req.prompt_token_ids().to_vec(),
+                    output_token_ids: req.output_token_ids().to_vec(),
                     sampling_params: req.sampling_params.clone(),
                     block_ids: req.kv.block_ids().to_vec(),
                     num_computed_tokens: computed,

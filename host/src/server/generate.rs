@@ -75,6 +75,7 @@ pub async fn start(
                 prompt_token_ids: prompt.clone(),
                 sampling_params,
                 priority,
+                output_token_ids: Vec::new(),
             })?;
             seqs.push(Sequence {
                 index,

@@ -299,6 +299,8 @@ mod tests {
             num_prompt_tokens: 100,
             num_generation_tokens: 50,
             last_step: Default::default(),
+            num_worker_restarts: 0,
+            num_worker_replayed_requests: 0,
         };
         let text = m.render(&stats);
         let labels = "model_name=\"m\\\"x\",engine=\"0\"";

@@ -44,6 +44,11 @@ pub struct NewRequestData {
     pub request_id: String,
     /// The prompt.
     pub prompt_token_ids: Vec<u32>,
+    /// Tokens the request already generated, for a request replayed after
+    /// its workers died (empty otherwise): they are recomputed after the
+    /// prompt, and the request's sampler resumes after them.
+    #[serde(default)]
+    pub output_token_ids: Vec<u32>,
     /// How to sample it.
     pub sampling_params: SamplingParams,
     /// Its whole block table.

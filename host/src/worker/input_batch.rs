@@ -354,11 +354,14 @@ impl InputBatch {
             if i >= self.requests.len() {
                 self.requests.resize_with(i + 1, || None);
             }
-            let sampler = RequestSampler::new(
+            let mut sampler = RequestSampler::new(
                 &new.sampling_params,
                 &new.prompt_token_ids,
                 self.eos_token_id,
             );
+            sampler.resume(&new.output_token_ids, &new.sampling_params);
+            let mut token_ids = new.prompt_token_ids.clone();
+            token_ids.extend_from_slice(&new.output_token_ids);
             let mut failed = false;
             if let Some(p) = self.processors.as_mut() {
                 p.remove(new.handle.0);
@@ -372,7 +375,7 @@ impl InputBatch {
                 p.add(new.handle.0, new.sampling_params.extra_args.as_ref());
             }
             self.requests[i] = Some(CachedRequestState {
-                token_ids: new.prompt_token_ids.clone(),
+                token_ids,
                 num_computed_tokens: new.num_computed_tokens as usize,
                 block_ids: new.block_ids.clone(),
                 params: new.sampling_params.clone(),
@@ -384,7 +387,13 @@ impl InputBatch {
                 }),
                 failed,
                 prompt_len: new.prompt_token_ids.len(),
-                prompt_logprobs_next: 1,
+                // A replayed request's prompt logprobs all went out before
+                // its first token did.
+                prompt_logprobs_next: if new.output_token_ids.is_empty() {
+                    1
+                } else {
+                    new.prompt_token_ids.len()
+                },
             });
         }
         let cached = &so.scheduled_cached_reqs;

@@ -55,6 +55,10 @@ pub enum ReadyMessage {
     Ready {
         /// The worker's response queue.
         response_handle: Handle,
+        /// Seconds `load_model` took (the engine reports it when it
+        /// restarts a worker group).
+        #[serde(default)]
+        load_s: f64,
     },
     /// Start-up failed; the process exits.
     Failed {
@@ -142,8 +146,9 @@ pub fn run() -> anyhow::Result<()> {
         .context("starting the death-pipe watcher")?;
     let started = start(&boot);
     let message = match &started {
-        Ok((_, _, response, _)) => ReadyMessage::Ready {
+        Ok((_, _, response, _, load_s)) => ReadyMessage::Ready {
             response_handle: response.export_handle(),
+            load_s: *load_s,
         },
         Err(e) => ReadyMessage::Failed {
             error: format!("{e:#}"),
@@ -153,14 +158,18 @@ pub fn run() -> anyhow::Result<()> {
     writeln!(out, "{}", serde_json::to_string(&message)?)?;
     out.flush()?;
     drop(out);
-    let (mut worker, rpc, response, methods) = started?;
+    let (mut worker, rpc, response, methods, _) = started?;
     response.wait_until_ready(boot.attach_timeout)?;
     busy_loop(boot.rank, &mut worker, &methods, &rpc, &response)
 }
 
 /// init_device → load_model → response queue → attach to the broadcast.
 /// The methods are the built-ins plus the configured worker extensions'.
-fn start(boot: &Bootstrap) -> anyhow::Result<(Worker, MessageQueue, MessageQueue, WorkerMethods)> {
+/// What a started worker process runs with, and the seconds its model took
+/// to load.
+type Started = (Worker, MessageQueue, MessageQueue, WorkerMethods, f64);
+
+fn start(boot: &Bootstrap) -> anyhow::Result<Started> {
     let config: EngineConfig =
         toml::from_str(&boot.config_toml).context("the bootstrap's configuration")?;
     let mut worker = Worker::new(worker_config(&config, boot.eos_token_id)?)?;
@@ -174,7 +183,9 @@ fn start(boot: &Bootstrap) -> anyhow::Result<(Worker, MessageQueue, MessageQueue
         })?;
         worker.set_tensor_parallel(std::sync::Arc::new(group));
     }
+    let load = std::time::Instant::now();
     worker.load_model()?;
+    let load_s = load.elapsed().as_secs_f64();
     let response = MessageQueue::new_writer(1, QueueConfig::default())?;
     let rpc = MessageQueue::create_from_handle(&boot.rpc_handle, boot.rank)
         .with_context(|| format!("worker rank {} attaching to the broadcast queue", boot.rank))?;
@@ -185,7 +196,7 @@ fn start(boot: &Bootstrap) -> anyhow::Result<(Worker, MessageQueue, MessageQueue
     );
     let mut methods = WorkerMethods::builtin();
     methods.register_extensions(&config)?;
-    Ok((worker, rpc, response, methods))
+    Ok((worker, rpc, response, methods, load_s))
 }
 
 /// Serves calls: each arrives on the broadcast queue, runs through the

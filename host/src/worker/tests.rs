@@ -62,6 +62,7 @@ fn the_cpu_worker_samples_on_the_host_even_when_every_row_is_device_eligible() {
             handle: crate::step::ReqHandle(0),
             request_id: "r0".into(),
             prompt_token_ids: prompt.clone(),
+            output_token_ids: Vec::new(),
             // Greedy, no logprobs: a row the device sampler could take.
             sampling_params: crate::sampling::SamplingParams {
                 temperature: 0.0,
@@ -124,6 +125,7 @@ fn prompt_logprobs_of_a_chunked_prefill_are_the_log_softmax_of_each_prefix() {
             handle: h,
             request_id: "r0".into(),
             prompt_token_ids: prompt.clone(),
+            output_token_ids: Vec::new(),
             sampling_params: crate::sampling::SamplingParams {
                 temperature: 0.0,
                 prompt_logprobs: Some(3),

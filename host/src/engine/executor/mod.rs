@@ -108,6 +108,11 @@ pub trait Executor: Send {
         None
     }
 
+    /// Stops the workers now (they may be dead already), so a new group
+    /// can take their place; the executor answers no call after it.
+    /// In-process workers stop when the executor is dropped.
+    fn shutdown(&mut self) {}
+
     /// Calls `method` with `args` on every worker (vLLM's `collective_rpc`).
     /// Only `unique_reply_rank` replies, or every rank when it is `None`;
     /// the future's result holds the replies in rank order. With `non_block`

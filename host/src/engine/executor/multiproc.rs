@@ -42,6 +42,8 @@ pub struct MultiprocExecutor {
     /// Seeds for requests that gave none, drawn here so that every
     /// tensor-parallel rank samples the same tokens.
     seeds: Xoshiro256StarStar,
+    /// Seconds the slowest rank took to load the model.
+    load_s: f64,
 }
 
 impl MultiprocExecutor {
@@ -111,7 +113,7 @@ impl MultiprocExecutor {
         drop(ready_tx);
         let workers = Arc::new(WorkerSet::new(children));
         let connected = spawned.and_then(|()| {
-            let handles = collect_ready(&workers, &ready_rx, world_size, start_timeout)?;
+            let (handles, load_s) = collect_ready(&workers, &ready_rx, world_size, start_timeout)?;
             let queues = handles
                 .iter()
                 .enumerate()
@@ -123,9 +125,9 @@ impl MultiprocExecutor {
                 .collect::<Result<Vec<_>, _>>()?;
             rpc.wait_until_ready(start_timeout)
                 .map_err(queue_err("waiting for the workers to attach"))?;
-            Ok(queues)
+            Ok((queues, load_s))
         });
-        let queues = match connected {
+        let (queues, load_s) = match connected {
             Ok(queues) => queues,
             Err(e) => {
                 workers.terminate(Duration::ZERO);
@@ -147,7 +149,13 @@ impl MultiprocExecutor {
             shutdown_timeout,
             all_reduce,
             seeds: Xoshiro256StarStar::from_entropy(),
+            load_s,
         })
+    }
+
+    /// Seconds the slowest rank took to load the model at start.
+    pub fn model_load_seconds(&self) -> f64 {
+        self.load_s
     }
 
     /// The worker processes' ids, by rank.
@@ -173,6 +181,12 @@ impl Executor for MultiprocExecutor {
     /// [`super::monitor::POLL_INTERVAL`]).
     fn worker_death(&self) -> Option<ExecutorError> {
         self.workers.death()
+    }
+
+    fn shutdown(&mut self) {
+        self.monitor.stop();
+        self.workers.terminate(self.shutdown_timeout);
+        self.rpc.shutdown();
     }
 
     fn collective_rpc(
@@ -226,9 +240,7 @@ impl Drop for MultiprocExecutor {
     /// Shuts the workers down: close the death pipes, wait
     /// `parallel.worker_shutdown_timeout_s`, SIGTERM, wait 4 s, SIGKILL.
     fn drop(&mut self) {
-        self.monitor.stop();
-        self.workers.terminate(self.shutdown_timeout);
-        self.rpc.shutdown();
+        self.shutdown();
     }
 }
 
@@ -296,13 +308,15 @@ fn spawn(
     Ok((child, stdin))
 }
 
-/// Collects every rank's READY message; the response-queue handles by rank.
+/// Collects every rank's READY message: the response-queue handles by
+/// rank, and the slowest rank's model-load seconds.
 fn collect_ready(
     workers: &WorkerSet,
     ready: &mpsc::Receiver<(usize, std::io::Result<String>)>,
     world_size: usize,
     timeout: Duration,
-) -> Result<Vec<Handle>, ExecutorError> {
+) -> Result<(Vec<Handle>, f64), ExecutorError> {
+    let mut load_s = 0f64;
     let deadline = Instant::now() + timeout;
     let mut handles: Vec<Option<Handle>> = vec![None; world_size];
     while handles.iter().any(Option::is_none) {
@@ -316,8 +330,12 @@ fn collect_ready(
         })?;
         let fail = |message: String| ExecutorError::Start { rank, message };
         match line.map(|l| serde_json::from_str::<ReadyMessage>(&l)) {
-            Ok(Ok(ReadyMessage::Ready { response_handle })) => {
-                handles[rank] = Some(response_handle)
+            Ok(Ok(ReadyMessage::Ready {
+                response_handle,
+                load_s: rank_load_s,
+            })) => {
+                handles[rank] = Some(response_handle);
+                load_s = load_s.max(rank_load_s);
             }
             Ok(Ok(ReadyMessage::Failed { error })) => return Err(fail(error)),
             Ok(Err(_)) | Err(_) => {
@@ -332,7 +350,7 @@ fn collect_ready(
             }
         }
     }
-    Ok(handles.into_iter().flatten().collect())
+    Ok((handles.into_iter().flatten().collect(), load_s))
 }
 
 /// The `host` binary to start workers from: `parallel.worker_executable`,

@@ -72,6 +72,7 @@ mod tests {
                     handle: ReqHandle(i as u32),
                     request_id: format!("r{i}"),
                     prompt_token_ids: vec![1; PROMPT],
+                    output_token_ids: Vec::new(),
                     sampling_params: p.clone(),
                     block_ids: vec![i as u32],
                     num_computed_tokens: 0,

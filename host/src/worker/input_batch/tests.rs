@@ -10,6 +10,7 @@ fn new_req(h: u32, prompt_len: usize, params: SamplingParams) -> NewRequestData 
         handle: ReqHandle(h),
         request_id: format!("r{h}"),
         prompt_token_ids: (0..prompt_len as u32).map(|t| 100 + t).collect(),
+        output_token_ids: Vec::new(),
         sampling_params: params,
         block_ids: vec![h],
         num_computed_tokens: 0,
