@@ -384,7 +384,10 @@ fn kill9(pid: u32) {
 #[test]
 fn a_crashed_engine_core_process_reaches_every_stream_as_the_sentinel() {
     let _engines = shared();
-    let (client, tokenizer) = start(Mode::Process, &config(128));
+    let mut c = config(128);
+    // Restarts off (vLLM's behaviour): the death is final.
+    c.engine.max_restarts = 0;
+    let (client, tokenizer) = start(Mode::Process, &c);
     let ids = tokenizer.encode(TEXTS[5], true).unwrap();
     let mut stream = client
         .add_request(request("victim", ids.clone(), greedy(400)))
@@ -413,6 +416,8 @@ fn a_dead_worker_kills_the_engine_and_every_stream_gets_the_sentinel() {
     let _engines = shared();
     let mut c = config(128);
     c.parallel.distributed_executor_backend = "mp".into();
+    // Restarts off (vLLM's behaviour): the death is final.
+    c.engine.max_restarts = 0;
     let (client, tokenizer) = EngineCoreClient::start_in_process(&c).unwrap();
     let ids = tokenizer.encode(TEXTS[4], true).unwrap();
     let mut stream = client
@@ -435,5 +440,102 @@ fn a_dead_worker_kills_the_engine_and_every_stream_gets_the_sentinel() {
             other.map(|s| s.request_id().to_string())
         ),
     }
+    client.shutdown(false);
+}
+
+/// Sampling that exercises every piece of per-request state a replay must
+/// restore: the seeded generator, the penalties' token counts and
+/// min_tokens.
+fn seeded_with_penalties(max_tokens: u32) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.8,
+        top_p: 0.95,
+        seed: Some(1234),
+        repetition_penalty: 1.3,
+        frequency_penalty: 0.5,
+        presence_penalty: 0.2,
+        min_tokens: max_tokens / 2,
+        max_tokens,
+        ..SamplingParams::default()
+    }
+}
+
+#[test]
+fn a_request_replayed_with_its_output_continues_as_if_undisturbed() {
+    // What a client replays after an engine-core process died: the prompt
+    // and the tokens already streamed. The rest must be what the request
+    // would have produced anyway.
+    let _engines = shared();
+    let (client, tokenizer) = start(Mode::InProcess, &config(256));
+    let ids = tokenizer.encode(TEXTS[1], true).unwrap();
+    for params in [greedy(24), seeded_with_penalties(24)] {
+        let whole = collect(&client, request("whole", ids.clone(), params.clone())).unwrap();
+        assert_eq!(whole.len(), 24);
+        for k in [1, 9, 23] {
+            let mut replay = request(&format!("replay{k}"), ids.clone(), params.clone());
+            replay.output_token_ids = whole[..k].to_vec();
+            let rest = collect(&client, replay).unwrap();
+            assert_eq!(rest, whole[k..], "replayed after {k} tokens, {params:?}");
+        }
+    }
+    let mut done = request("done", ids, greedy(4));
+    done.output_token_ids = vec![1, 2, 3, 4];
+    match collect(&client, done) {
+        Err(EngineCoreError::Rejected(why)) => assert!(why.contains("max_tokens"), "{why}"),
+        other => panic!("a request with nothing left to generate is refused: {other:?}"),
+    }
+    client.shutdown(false);
+}
+
+#[test]
+fn a_killed_worker_is_replaced_and_every_request_finishes_as_undisturbed() {
+    let _engines = exclusive();
+    let mut c = config(256);
+    c.parallel.distributed_executor_backend = "mp".into();
+    let (client, tokenizer) = EngineCoreClient::start_in_process(&c).unwrap();
+    let requests: Vec<EngineCoreRequest> = TEXTS
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let params = if i % 2 == 0 {
+                greedy(32)
+            } else {
+                seeded_with_penalties(32)
+            };
+            request(&format!("r{i}"), tokenizer.encode(t, true).unwrap(), params)
+        })
+        .collect();
+    let undisturbed: Vec<Vec<u32>> = requests
+        .iter()
+        .map(|r| collect(&client, r.clone()).unwrap())
+        .collect();
+    let workers = worker_children();
+    assert_eq!(workers.len(), 1, "one worker process: {workers:?}");
+    let mut streams: Vec<_> = requests
+        .iter()
+        .map(|r| client.add_request(r.clone()).unwrap())
+        .collect();
+    let mut got: Vec<Vec<u32>> = streams
+        .iter_mut()
+        .map(|s| s.blocking_next().unwrap().unwrap().new_token_ids)
+        .collect();
+    kill9(workers[0]);
+    for (stream, tokens) in streams.iter_mut().zip(&mut got) {
+        while let Some(out) = stream.blocking_next() {
+            let out = out.unwrap_or_else(|e| panic!("the request survives the worker: {e}"));
+            tokens.extend(out.new_token_ids);
+            if out.finish_reason.is_some() {
+                break;
+            }
+        }
+    }
+    assert_eq!(got, undisturbed);
+    let replaced = worker_children();
+    assert_eq!(replaced.len(), 1, "a new worker: {replaced:?}");
+    assert_ne!(replaced, workers);
+    let stats = client.stats();
+    assert_eq!(stats.num_worker_restarts, 1);
+    assert_eq!(stats.num_worker_replayed_requests, requests.len() as u64);
+    assert!(client.is_alive());
     client.shutdown(false);
 }

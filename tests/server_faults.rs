@@ -88,12 +88,15 @@ fn sigterm_without_drain_aborts_running_requests() {
 #[test]
 fn a_dead_engine_answers_503_and_the_server_exits_nonzero() {
     // The engine (on the server's threads, so the worker is the server's
-    // child) dies of a worker process killed under it.
+    // child) dies of a worker process killed under it, since restarts are
+    // off (vLLM's behaviour; tests/recovery.rs covers the restarts).
     let server = Server::start(&[
         "--set",
         "parallel.distributed_executor_backend=\"mp\"",
         "--set",
         "server.engine_core_process=false",
+        NO_RESTARTS[0],
+        NO_RESTARTS[1],
     ]);
     kill_child_and_expect_503_then_exit(server, "the mp executor's worker");
 }
@@ -101,8 +104,9 @@ fn a_dead_engine_answers_503_and_the_server_exits_nonzero() {
 #[test]
 fn an_engine_core_process_serves_and_its_death_is_503_then_exit() {
     // vLLM's layout (the default): the engine core in its own process,
-    // behind the same client; killing that process is the engine dying.
-    let server = Server::start(&[]);
+    // behind the same client; killing that process, restarts off, is the
+    // engine dying.
+    let server = Server::start(&NO_RESTARTS);
     let r = server.post(
         "/v1/completions",
         &json!({"prompt": "Hi", "max_tokens": 4, "temperature": 0}),
@@ -145,7 +149,13 @@ fn a_server_killed_with_sigkill_leaves_no_engine_core_or_worker_behind() {
 #[test]
 fn an_idle_server_notices_its_worker_or_engine_core_dying_within_a_second() {
     // No request in flight: nothing but the engine's own watch can notice.
-    let mp = ["--set", "parallel.distributed_executor_backend=\"mp\""];
+    // Restarts off: a death is the end (tests/recovery.rs restarts).
+    let mp = [
+        "--set",
+        "parallel.distributed_executor_backend=\"mp\"",
+        NO_RESTARTS[0],
+        NO_RESTARTS[1],
+    ];
     // The mp worker as the server's child (engine core on its threads).
     let server = Server::start(&[&mp[..], &["--set", "server.engine_core_process=false"]].concat());
     let worker = children(server.pid());
@@ -173,7 +183,7 @@ fn an_idle_server_notices_its_worker_or_engine_core_dying_within_a_second() {
     );
 
     // The engine-core process itself.
-    let server = Server::start(&[]);
+    let server = Server::start(&NO_RESTARTS);
     let engine_core = children(server.pid());
     assert_eq!(
         engine_core.len(),
@@ -182,6 +192,9 @@ fn an_idle_server_notices_its_worker_or_engine_core_dying_within_a_second() {
     );
     kill_idle_and_expect_503_then_exit(server, engine_core[0], "the engine-core process");
 }
+
+/// The override that turns restarts off: what dies stays dead.
+const NO_RESTARTS: [&str; 2] = ["--set", "engine.max_restarts=0"];
 
 /// `GET /health`'s status, or `None` once the server no longer listens.
 fn health(addr: &str) -> Option<u16> {

@@ -7,7 +7,7 @@ use crate::step::SchedulerOutput;
 
 const EOS: u32 = 2;
 
-fn config(num_blocks: u32, block_size: u32) -> SchedulerConfig {
+pub(super) fn config(num_blocks: u32, block_size: u32) -> SchedulerConfig {
     SchedulerConfig {
         max_num_seqs: 8,
         max_num_batched_tokens: 64,
@@ -22,7 +22,7 @@ fn config(num_blocks: u32, block_size: u32) -> SchedulerConfig {
     }
 }
 
-fn params(max_tokens: u32) -> SamplingParams {
+pub(super) fn params(max_tokens: u32) -> SamplingParams {
     SamplingParams {
         max_tokens,
         ..SamplingParams::default()
@@ -30,7 +30,7 @@ fn params(max_tokens: u32) -> SamplingParams {
 }
 
 /// A request whose prompt is `len` tokens starting at `first` (never EOS).
-fn request(id: &str, first: u32, len: u32, p: SamplingParams) -> Request {
+pub(super) fn request(id: &str, first: u32, len: u32, p: SamplingParams) -> Request {
     Request::new(
         id,
         (first..first + len).map(|t| t + 100).collect(),
@@ -54,7 +54,7 @@ fn sample_all(s: &Scheduler, out: &SchedulerOutput, token: u32) -> Vec<(ReqHandl
 }
 
 /// One step with `token` sampled for every completed request.
-fn step(s: &mut Scheduler, token: u32) -> (SchedulerOutput, Vec<RequestOutput>) {
+pub(super) fn step(s: &mut Scheduler, token: u32) -> (SchedulerOutput, Vec<RequestOutput>) {
     let out = s.schedule();
     let sampled = sample_all(s, &out, token);
     let outputs = s.update_from_output(&out, &sampled);
