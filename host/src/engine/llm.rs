@@ -233,7 +233,16 @@ impl Llm {
         done += results.iter().filter(|r| r.is_some()).count();
         while !live.is_empty() {
             let mut stopped = Vec::new();
-            for out in self.core.step()? {
+            // A dead `mp` worker group is replaced (within the restart
+            // budget) and its requests replayed, as under the server.
+            let outputs = match self.core.step() {
+                Ok(outputs) => outputs,
+                Err(e) => {
+                    self.core.recover(e)?;
+                    continue;
+                }
+            };
+            for out in outputs {
                 let Some(req) = live.get_mut(&out.request_id) else {
                     continue;
                 };

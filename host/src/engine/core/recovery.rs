@@ -49,9 +49,18 @@ pub(super) struct WorkerRestart {
     pub(super) num_restarts: u64,
     /// Requests replayed by them.
     pub(super) num_replayed: u64,
+    /// The latest method a client called on the workers: what it changed
+    /// (new weights, an extension's state) a new group does not have.
+    changed_by: Option<String>,
 }
 
 impl WorkerRestart {
+    /// Records a client's `collective_rpc`, which may have changed the
+    /// workers' state.
+    pub(super) fn note_collective_rpc(&mut self, method: &str) {
+        self.changed_by = Some(method.to_string());
+    }
+
     /// Logs the recompute time once the first tokens after a restart are out.
     pub(super) fn note_outputs(&mut self, n: usize) {
         if n == 0 {
@@ -76,6 +85,7 @@ impl EngineCore {
             resumed: None,
             num_restarts: 0,
             num_replayed: 0,
+            changed_by: None,
         });
         self
     }
@@ -162,6 +172,12 @@ impl EngineCore {
         self.executor.shutdown();
         let stopped_s = t0.elapsed().as_secs_f64();
         let restart = self.restart.as_mut().expect("only called with a restart");
+        if let Some(method) = &restart.changed_by {
+            tracing::warn!(
+                "the new workers start from the configuration: what `collective_rpc` calls \
+                 changed on the old ones (the latest: `{method}`) is not replayed"
+            );
+        }
         let new = (restart.respawn)()?;
         self.executor = new.executor;
         self.sleeping = false;

@@ -52,6 +52,9 @@ impl EngineCore {
                     Some(a) => RpcValue::Json(a.to_string()),
                 };
                 let replies = self.call_workers(rpc_method, rpc_args)?;
+                if let Some(r) = self.restart.as_mut() {
+                    r.note_collective_rpc(rpc_method);
+                }
                 if rpc_method == "update_weights" {
                     // Prefixes cached with the old weights are stale.
                     self.reset_prefix_cache();
