@@ -56,6 +56,8 @@ pub struct EngineConfig {
     /// Recovery: how often a dead worker group or engine-core process is
     /// restarted before the engine gives up.
     pub engine: RestartConfig,
+    /// KV-cache events for prefix-aware routers (vLLM's `--kv-events-config`).
+    pub kv_events: KvEventsConfig,
 }
 
 /// `[model]`: the checkpoint, its tokenizer and its limits.
@@ -221,6 +223,83 @@ impl Default for RestartConfig {
             max_restarts: 3,
             restart_window_s: 300.0,
         }
+    }
+}
+
+/// `[kv_events]`: vLLM's `KVEventsConfig`. With events on, the engine core
+/// publishes every block the prefix cache stores or evicts on a ZeroMQ PUB
+/// socket in vLLM's wire format, so a router (llm-d's precise prefix-cache
+/// scorer, Dynamo's KV router) can send a request where its prefix is cached.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KvEventsConfig {
+    /// Publish KV-cache events.
+    pub enable_kv_cache_events: bool,
+    /// `zmq` (the only transport) or `null` (events off).
+    pub publisher: String,
+    /// Where the PUB socket binds (`tcp://*:5557` listens on every address).
+    pub endpoint: String,
+    /// Where a ROUTER socket answers replay requests (unset: no replay).
+    pub replay_endpoint: Option<String>,
+    /// Batches kept for replay.
+    pub buffer_steps: usize,
+    /// Batches waiting to be sent before new ones are dropped (and counted).
+    pub max_queue_size: usize,
+    /// The topic frame of every message.
+    pub topic: String,
+}
+
+impl Default for KvEventsConfig {
+    fn default() -> Self {
+        // vLLM's defaults.
+        KvEventsConfig {
+            enable_kv_cache_events: false,
+            publisher: "zmq".into(),
+            endpoint: "tcp://*:5557".into(),
+            replay_endpoint: None,
+            buffer_steps: 10_000,
+            max_queue_size: 100_000,
+            topic: String::new(),
+        }
+    }
+}
+
+impl KvEventsConfig {
+    /// Whether events are published.
+    pub fn enabled(&self) -> bool {
+        self.enable_kv_cache_events && self.publisher == "zmq"
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key, message: String| Err(ConfigError::Invalid { key, message });
+        if !["zmq", "null"].contains(&self.publisher.as_str()) {
+            return invalid(
+                "kv_events.publisher",
+                format!("must be `zmq` or `null`, got `{}`", self.publisher),
+            );
+        }
+        let endpoints = std::iter::once(("kv_events.endpoint", &self.endpoint)).chain(
+            self.replay_endpoint
+                .iter()
+                .map(|e| ("kv_events.replay_endpoint", e)),
+        );
+        for (key, endpoint) in endpoints {
+            if !endpoint.starts_with("tcp://") && !endpoint.starts_with("ipc://") {
+                return invalid(
+                    key,
+                    format!(
+                        "`{endpoint}` is not a ZeroMQ endpoint; use tcp://HOST:PORT or ipc://PATH"
+                    ),
+                );
+            }
+        }
+        if self.buffer_steps == 0 || self.max_queue_size == 0 {
+            return invalid(
+                "kv_events.buffer_steps",
+                "buffer_steps and max_queue_size must be at least 1".into(),
+            );
+        }
+        Ok(())
     }
 }
 
@@ -603,6 +682,7 @@ impl EngineConfig {
                 format!("must be in (0, 1], got {utilization}"),
             );
         }
+        self.kv_events.validate()?;
         if self.parallel.tensor_parallel_size == 0 {
             return invalid("parallel.tensor_parallel_size", "must be at least 1".into());
         }

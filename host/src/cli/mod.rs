@@ -6,6 +6,7 @@
 mod bench;
 mod bench_throughput;
 mod generate;
+mod kv_events_flag;
 mod plugin;
 mod plugin_build;
 mod plugin_new;
@@ -97,6 +98,11 @@ struct EngineArgs {
     /// to [plugins.paths].
     #[arg(long = "plugin", global = true, value_name = "FILE.wasm")]
     plugins: Vec<PathBuf>,
+    /// KV-cache events for routers, as vLLM's JSON object, e.g.
+    /// '{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557"}'
+    /// [kv_events].
+    #[arg(long, global = true, value_name = "JSON")]
+    kv_events_config: Option<String>,
 }
 
 impl EngineArgs {
@@ -140,6 +146,9 @@ impl EngineArgs {
     /// subcommand's own overrides).
     fn load(&self, more: &[String]) -> anyhow::Result<EngineConfig> {
         let mut overrides = self.overrides();
+        if let Some(json) = &self.kv_events_config {
+            overrides.extend(kv_events_flag::overrides(json)?);
+        }
         overrides.extend_from_slice(more);
         let mut config = EngineConfig::load(self.config.as_deref(), &overrides)?;
         config.plugins.paths.extend(self.plugins.iter().cloned());

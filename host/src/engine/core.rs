@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::executor::{Executor, ExecutorError, StepFuture};
+use super::kv_events::KvEventPublisher;
 
 mod recovery;
 mod utility;
@@ -126,6 +127,8 @@ pub struct EngineCore {
     started: Instant,
     /// How to replace dead workers; `None`: a worker death is fatal.
     restart: Option<recovery::WorkerRestart>,
+    /// Where the prefix cache's events go (`[kv_events]`).
+    kv_events: Option<KvEventPublisher>,
 }
 
 impl EngineCore {
@@ -145,6 +148,7 @@ impl EngineCore {
             num_generation_tokens: 0,
             started: Instant::now(),
             restart: None,
+            kv_events: None,
         }
     }
 
@@ -156,6 +160,22 @@ impl EngineCore {
     pub fn with_async_scheduling(mut self, on: bool) -> EngineCore {
         self.async_scheduling = on;
         self
+    }
+
+    /// Publishes the prefix cache's events through `publisher` after every
+    /// step (and after aborts and utility calls, which free or forget
+    /// blocks between steps).
+    pub fn with_kv_events(mut self, publisher: KvEventPublisher) -> EngineCore {
+        self.scheduler.enable_kv_events();
+        self.kv_events = Some(publisher);
+        self
+    }
+
+    /// Hands the events recorded since the last call to the publisher.
+    fn flush_kv_events(&mut self) {
+        if let Some(publisher) = &mut self.kv_events {
+            publisher.publish(self.scheduler.take_kv_events());
+        }
     }
 
     /// Queues a request; an impossible one is refused at once with the reason.
@@ -182,6 +202,7 @@ impl EngineCore {
         for id in request_ids {
             self.scheduler.abort_request(id);
         }
+        self.flush_kv_events();
     }
 
     /// Aborts every request (shutdown without draining).
@@ -275,6 +296,7 @@ impl EngineCore {
                 new_prompt_logprobs: None,
             });
         }
+        self.flush_kv_events();
         // Prompt logprobs go with the request's output of the step, or in
         // an output of their own (a partial prefill samples nothing).
         for (h, chunk) in sampled.prompt_logprobs.drain(..) {

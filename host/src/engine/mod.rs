@@ -8,6 +8,7 @@ mod core;
 mod core_proc;
 mod executor;
 pub mod ipc;
+pub mod kv_events;
 mod llm;
 mod output_processor;
 pub mod restart;

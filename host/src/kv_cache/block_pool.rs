@@ -15,6 +15,7 @@
 
 use std::collections::HashMap;
 
+use super::events::{EventLog, KvCacheEvent};
 use super::free_queue::FreeBlockQueue;
 use super::hashing::{BlockHash, BlockHashState};
 use super::{BlockId, KvCacheError};
@@ -26,6 +27,7 @@ pub struct BlockPool {
     hash: Vec<Option<BlockHash>>,
     free: FreeBlockQueue,
     cached: HashMap<BlockHash, BlockId, BlockHashState>,
+    events: EventLog,
 }
 
 impl BlockPool {
@@ -40,6 +42,7 @@ impl BlockPool {
             hash: vec![None; n],
             free: FreeBlockQueue::new_full(num_blocks),
             cached: HashMap::default(),
+            events: EventLog::default(),
         })
     }
 
@@ -103,6 +106,9 @@ impl BlockPool {
         if let Some(h) = self.hash[block as usize].take() {
             if self.cached.get(&h) == Some(&block) {
                 self.cached.remove(&h);
+                self.events.push(|| KvCacheEvent::BlockRemoved {
+                    block_hashes: vec![h.0],
+                });
             }
         }
     }
@@ -156,6 +162,27 @@ impl BlockPool {
     pub fn reset_prefix_cache(&mut self) {
         self.cached.clear();
         self.hash.iter_mut().for_each(|h| *h = None);
+        self.events.push(|| KvCacheEvent::AllBlocksCleared);
+    }
+
+    /// Records [`KvCacheEvent`]s from now on, for [`Self::take_events`].
+    pub fn enable_events(&mut self) {
+        self.events.enable();
+    }
+
+    /// Whether events are recorded.
+    pub fn events_enabled(&self) -> bool {
+        self.events.is_on()
+    }
+
+    /// Records an event (when events are on).
+    pub fn record_event(&mut self, event: impl FnOnce() -> KvCacheEvent) {
+        self.events.push(event);
+    }
+
+    /// The events recorded since the last call, oldest first.
+    pub fn take_events(&mut self) -> Vec<KvCacheEvent> {
+        self.events.take()
     }
 
     /// Free blocks from the next to be handed out to the last.

@@ -15,6 +15,7 @@
 use std::ops::Range;
 
 use super::block_pool::BlockPool;
+use super::events::KvCacheEvent;
 use super::hashing::{BlockHash, BlockHasher};
 use super::{BlockId, KvCacheError};
 
@@ -292,10 +293,46 @@ impl KVCacheManager {
     /// Hashes and caches blocks `req.num_cached_blocks..full`.
     fn cache_new_full_blocks(&mut self, req: &mut RequestBlocks, tokens: &[u32], full: usize) {
         req.ensure_hashes(&self.hasher, self.block_size, tokens, full);
+        let events = self.pool.events_enabled();
+        // With events on: the first block of the run of newly stored ones.
+        let mut run = None;
         for k in req.num_cached_blocks..full {
+            let fresh = events && self.pool.get_cached_block(req.hashes[k]).is_none();
             self.pool.cache_block(req.blocks[k], req.hashes[k]);
+            match (fresh, run) {
+                (true, None) => run = Some(k),
+                (false, Some(first)) => {
+                    self.record_stored(req, tokens, first..k);
+                    run = None;
+                }
+                _ => {}
+            }
+        }
+        if let Some(first) = run {
+            self.record_stored(req, tokens, first..full);
         }
         req.num_cached_blocks = full;
+    }
+
+    /// Records that `req`'s blocks `run` entered the cache.
+    fn record_stored(&mut self, req: &RequestBlocks, tokens: &[u32], run: Range<usize>) {
+        let bs = self.block_size;
+        self.pool.record_event(|| KvCacheEvent::BlockStored {
+            block_hashes: req.hashes[run.clone()].iter().map(|h| h.0).collect(),
+            parent_block_hash: run.start.checked_sub(1).map(|p| req.hashes[p].0),
+            token_ids: tokens[run.start * bs..run.end * bs].to_vec(),
+            block_size: bs as u32,
+        });
+    }
+
+    /// Records [`KvCacheEvent`]s from now on (for routers).
+    pub fn enable_events(&mut self) {
+        self.pool.enable_events();
+    }
+
+    /// The events recorded since the last call, oldest first.
+    pub fn take_events(&mut self) -> Vec<KvCacheEvent> {
+        self.pool.take_events()
     }
 
     /// Releases all of `req`'s blocks (finish, abort or preemption), first

@@ -6,11 +6,13 @@
 //! addresses it by the block ids handed out here.
 
 pub mod block_pool;
+pub mod events;
 pub mod free_queue;
 pub mod hashing;
 pub mod manager;
 
 pub use block_pool::BlockPool;
+pub use events::KvCacheEvent;
 pub use hashing::{BlockHash, BlockHasher};
 pub use manager::{ComputedBlocks, KVCacheManager, PrefixCacheStats, RequestBlocks};
 

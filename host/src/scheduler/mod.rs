@@ -345,6 +345,16 @@ impl Scheduler {
         !self.finished_since_last.is_empty()
     }
 
+    /// Records the prefix cache's events from now on (for routers).
+    pub fn enable_kv_events(&mut self) {
+        self.kv.enable_events();
+    }
+
+    /// The prefix cache's events since the last call, oldest first.
+    pub fn take_kv_events(&mut self) -> Vec<crate::kv_cache::KvCacheEvent> {
+        self.kv.take_events()
+    }
+
     /// Forgets all cached prefixes (e.g. after a weight update).
     pub fn reset_prefix_cache(&mut self) {
         self.kv.reset_prefix_cache();

@@ -37,6 +37,14 @@ impl EngineCore {
     /// `update_weights` an object of tensor name → every value. Errors are
     /// messages for the caller; the engine carries on.
     pub fn call_utility(&mut self, method: &str, args: Value) -> Result<Value, String> {
+        let result = self.dispatch_utility(method, args);
+        // A reset, new weights or sleep forget the cached prefixes now, not
+        // at the next step.
+        self.flush_kv_events();
+        result
+    }
+
+    fn dispatch_utility(&mut self, method: &str, args: Value) -> Result<Value, String> {
         match method {
             "reset_prefix_cache" => {
                 self.reset_prefix_cache();
