@@ -539,3 +539,68 @@ fn a_killed_worker_is_replaced_and_every_request_finishes_as_undisturbed() {
     assert!(client.is_alive());
     client.shutdown(false);
 }
+
+#[test]
+fn a_constrained_request_keeps_its_constraint_across_a_worker_restart() {
+    // The structured-output plugin on the new worker learns the request
+    // again with its output so far, so the JSON it finishes is the one an
+    // undisturbed run gives, and still follows the schema.
+    let _engines = exclusive();
+    let mut c = config(256);
+    c.parallel.distributed_executor_backend = "mp".into();
+    c.plugins.paths = vec![e2e::plugin("structured_output")];
+    c.plugins.logits_processors = vec!["engine:structured-output".into()];
+    c.plugins.cache_dir = Some(std::env::temp_dir().join("host-plugin-tests-cache"));
+    let (client, tokenizer) = EngineCoreClient::start_in_process(&c).unwrap();
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 20},
+            "population": {"type": "integer", "minimum": 0, "maximum": 99999999},
+            "rivers": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3}
+        },
+        "required": ["city", "population", "rivers"],
+        "additionalProperties": false
+    });
+    let params = SamplingParams {
+        extra_args: Some(serde_json::json!({"structured_outputs": {"json": schema}})),
+        ..greedy(60)
+    };
+    let params = SamplingParams {
+        ignore_eos: false,
+        ..params
+    };
+    let ids = tokenizer
+        .encode("Describe Paris as JSON with its rivers:", true)
+        .unwrap();
+    let req = request("json", ids, params);
+    let undisturbed = collect(&client, req.clone()).unwrap();
+    let text = tokenizer.decode(&undisturbed, true).unwrap();
+    let value: serde_json::Value = serde_json::from_str(text.trim())
+        .unwrap_or_else(|e| panic!("the undisturbed answer is JSON: {e}: {text}"));
+    assert!(value["rivers"].is_array(), "{value}");
+    let workers = worker_children();
+    assert_eq!(workers.len(), 1, "one worker process: {workers:?}");
+    let mut stream = client.add_request(req).unwrap();
+    let mut got = stream.blocking_next().unwrap().unwrap().new_token_ids;
+    // A few tokens in, so the constraint is mid-object when the worker dies.
+    while got.len() < 5 {
+        got.extend(stream.blocking_next().unwrap().unwrap().new_token_ids);
+    }
+    kill9(workers[0]);
+    while let Some(out) = stream.blocking_next() {
+        let out = out.unwrap_or_else(|e| panic!("the request survives the worker: {e}"));
+        got.extend(out.new_token_ids);
+        if out.finish_reason.is_some() {
+            break;
+        }
+    }
+    assert_eq!(
+        got,
+        undisturbed,
+        "{}",
+        tokenizer.decode(&got, true).unwrap()
+    );
+    assert_eq!(client.stats().num_worker_restarts, 1);
+    client.shutdown(false);
+}
