@@ -9,6 +9,7 @@ mod core_proc;
 mod executor;
 pub mod ipc;
 pub mod kv_events;
+pub mod dp_router;
 mod llm;
 mod output_processor;
 pub mod restart;
