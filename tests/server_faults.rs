@@ -302,3 +302,63 @@ fn children(pid: u32) -> Vec<u32> {
     }
     pids
 }
+
+#[test]
+fn health_is_503_while_the_model_loads_then_200() {
+    // A worker executable that waits 3 s before becoming `host worker`
+    // holds the start-up open long enough to be seen from outside.
+    let dir = std::env::temp_dir().join(format!("host-slow-worker-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("slow-host.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nsleep 3\nexec {} \"$@\"\n",
+            e2e::host_bin().display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = std::process::Command::new(e2e::host_bin())
+        .arg("--model")
+        .arg(e2e::default_model())
+        .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--set", "parallel.distributed_executor_backend=mp"])
+        .arg("--set")
+        .arg(format!(
+            "parallel.worker_executable={:?}",
+            script.display().to_string()
+        ))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr = format!("127.0.0.1:{port}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut seen = Vec::new();
+    while seen.last() != Some(&200) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not ready within 60 s: {seen:?}"
+        );
+        if let Some(status) = health(&addr) {
+            if seen.last() != Some(&status) {
+                seen.push(status);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(
+        seen,
+        [503, 200],
+        "loading answers 503, then ready answers 200"
+    );
+}

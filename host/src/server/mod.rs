@@ -30,6 +30,7 @@ mod generate;
 mod guard;
 mod limits;
 mod listener;
+mod loading;
 mod metrics;
 mod params;
 mod plugins;
@@ -240,6 +241,9 @@ async fn run(
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .with_context(|| format!("cannot listen on {addr} (server.host / server.port)"))?;
+    // Readiness: 503 on every request until the engine is up.
+    let (ready, loaded) = tokio::sync::oneshot::channel();
+    let loading = tokio::spawn(loading::answer_while_loading(listener, loaded));
     let engine_config = config.clone();
     let (client, tokenizer) = tokio::task::spawn_blocking(move || {
         if engine_config.server.engine_core_process {
@@ -250,6 +254,8 @@ async fn run(
     })
     .await
     .context("the engine start-up panicked")??;
+    let _ = ready.send(());
+    let listener = loading.await.context("the loading answerer panicked")?;
     let app = Arc::new(AppState::new(
         client.clone(),
         tokenizer,
