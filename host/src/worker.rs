@@ -167,9 +167,9 @@ impl Worker {
         }
         let path = &self.config.model;
         let weights =
-            model::load(path, self.config.load_format).map_err(|source| WorkerError::Load {
+            model::load(path, self.config.load_format).map_err(|reason| WorkerError::Load {
                 path: path.clone(),
-                source: Box::new(source),
+                reason: Box::new(reason),
             })?;
         let runner = self.prepare_runner(&weights)?;
         // A runner that cannot compute prompt logprobs fails the requests

@@ -88,13 +88,15 @@ pub enum WorkerError {
     #[error("invalid worker configuration: {0}")]
     Config(String),
     /// The model cannot be loaded.
-    #[error("cannot load model {}: {source}", path.display())]
+    #[error("cannot load model {}: {reason}", path.display())]
     Load {
         /// The model file.
         path: PathBuf,
         /// The loader's reason (boxed: `ModelError` is large, and every
-        /// worker call returns this type).
-        source: Box<ModelError>,
+        /// worker call returns this type). Not the error's `source`: the
+        /// message already says it, and a chain printed whole (`{:#}`)
+        /// would say it twice.
+        reason: Box<ModelError>,
     },
     /// The model runner refused (bad input, unsupported model, allocation).
     #[error(transparent)]

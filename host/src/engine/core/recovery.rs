@@ -97,9 +97,10 @@ impl EngineCore {
         if self.restart.is_none() {
             return Err(error);
         }
-        let Some(mut death) = self.death_behind(&error) else {
+        let Some(first_death) = self.death_behind(&error) else {
             return Err(error);
         };
+        let mut death = first_death.clone();
         let mut failed_starts = 0;
         loop {
             let restart = self.restart.as_mut().expect("checked above");
@@ -134,7 +135,9 @@ impl EngineCore {
                 Err(e) => {
                     tracing::error!("the new worker group failed to start: {e:#}");
                     failed_starts += 1;
-                    death = format!("the restarted worker group failed to start: {e:#}");
+                    death = format!(
+                        "{first_death}; then the restarted worker group failed to start: {e:#}"
+                    );
                 }
             }
         }
