@@ -6,10 +6,10 @@
 mod client;
 mod core;
 mod core_proc;
+pub mod dp_router;
 mod executor;
 pub mod ipc;
 pub mod kv_events;
-pub mod dp_router;
 mod llm;
 mod output_processor;
 pub mod restart;

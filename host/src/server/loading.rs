@@ -48,10 +48,9 @@ async fn answer(mut stream: TcpStream) {
         }
     };
     let _ = tokio::time::timeout(HEAD_TIMEOUT, read_head).await;
-    let body = serde_json::to_string(
-        &ApiError::unavailable("the model is loading; retry shortly").body(),
-    )
-    .unwrap_or_default();
+    let body =
+        serde_json::to_string(&ApiError::unavailable("the model is loading; retry shortly").body())
+            .unwrap_or_default();
     let response = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
          retry-after: {RETRY_AFTER_S}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
