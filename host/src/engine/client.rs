@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 
 use super::core::{EngineCoreOutput, EngineCoreRequest, EngineStats};
 use super::core_proc::{run_busy_loop, run_output_thread, CoreInput, UtilityReply};
-use super::ipc::{ClientMessage, ProcessTransport};
+use super::ipc::{EngineCoreRestarts, ProcessTransport};
 use super::shared::{Liveness, Shared, StreamItem};
 use super::startup;
 use crate::config::EngineConfig;
@@ -105,8 +105,10 @@ impl EngineCoreClient {
 
     /// Starts the engine core in its own process (the hidden `host
     /// engine-core` command, which loads the model) and connects to it over
-    /// shared memory. A crash of that process ends every stream with
-    /// [`EngineCoreError::Dead`], naming its exit status.
+    /// shared memory. A crash of that process is survived: a new one is
+    /// started and every unfinished request replayed there, streams staying
+    /// open, within `[engine]`'s restart budget; past it every stream ends
+    /// with [`EngineCoreError::Dead`], naming the exit status.
     pub fn start_process(config: &EngineConfig) -> anyhow::Result<(EngineCoreClient, Tokenizer)> {
         let tokenizer = startup::load_tokenizer(config)?;
         let (transport, shared, max_model_len) = ProcessTransport::start(config)?;
@@ -128,17 +130,18 @@ impl EngineCoreClient {
     pub fn add_request(&self, mut req: EngineCoreRequest) -> Result<OutputStream, EngineCoreError> {
         self.check_alive()?;
         let (tx, rx) = mpsc::unbounded_channel();
-        let Some(internal_id) = self.inner.shared.register(&req.request_id, tx) else {
-            return Err(EngineCoreError::Rejected(format!(
-                "request id `{}` is already in use",
-                req.request_id
-            )));
+        let (request_id, internal_id) = match &self.inner.transport {
+            Transport::InProcess { input, .. } => {
+                let request_id = self.inner.shared.register(&mut req, tx, None)?;
+                let internal_id = req.request_id.clone();
+                if input.send(CoreInput::Add(Box::new(req))).is_err() {
+                    self.inner.shared.unregister(&internal_id);
+                    return Err(self.dead_error());
+                }
+                (request_id, internal_id)
+            }
+            Transport::Process(p) => p.add(req, tx)?,
         };
-        let request_id = std::mem::replace(&mut req.request_id, internal_id.clone());
-        if self.send_add(req).is_err() {
-            self.inner.shared.unregister(&internal_id);
-            return Err(self.dead_error());
-        }
         Ok(OutputStream {
             request_id,
             internal_id,
@@ -158,29 +161,30 @@ impl EngineCoreClient {
         if internal_ids.is_empty() {
             return;
         }
-        // A dead engine has nothing left to abort.
-        let _ = match &self.inner.transport {
-            Transport::InProcess { input, .. } => {
-                input.send(CoreInput::Abort(internal_ids)).map_err(drop)
-            }
-            Transport::Process(p) => p.send(&ClientMessage::Abort(internal_ids)).map_err(drop),
-        };
-    }
-
-    fn send_add(&self, req: EngineCoreRequest) -> Result<(), ()> {
         match &self.inner.transport {
+            // A dead engine has nothing left to abort.
             Transport::InProcess { input, .. } => {
-                input.send(CoreInput::Add(Box::new(req))).map_err(drop)
+                let _ = input.send(CoreInput::Abort(internal_ids));
             }
-            Transport::Process(p) => p.send(&ClientMessage::Add(Box::new(req))).map_err(drop),
+            Transport::Process(p) => p.abort(internal_ids),
         }
     }
 
-    /// The engine-core process's id, when it runs in its own process.
+    /// The engine-core process's id, when it runs in its own process: after
+    /// a death, its replacement's as soon as that is spawned.
     pub fn process_id(&self) -> Option<u32> {
         match &self.inner.transport {
             Transport::InProcess { .. } => None,
             Transport::Process(p) => Some(p.pid()),
+        }
+    }
+
+    /// How often a dead engine-core process was replaced and requests
+    /// replayed (always zero on the engine core's threads in this process).
+    pub fn restarts(&self) -> EngineCoreRestarts {
+        match &self.inner.transport {
+            Transport::InProcess { .. } => EngineCoreRestarts::default(),
+            Transport::Process(p) => p.restarts(),
         }
     }
 
@@ -189,12 +193,14 @@ impl EngineCoreClient {
         self.inner.max_model_len
     }
 
-    /// The counters as of the latest step.
+    /// The counters as of the latest step (totals over every engine-core
+    /// process, when one was replaced).
     pub fn stats(&self) -> EngineStats {
         self.inner.shared.stats()
     }
 
-    /// True while the busy loop runs (not dead, not shut down).
+    /// True while the busy loop runs (not dead, not shut down); also while
+    /// a dead engine-core process is being replaced.
     pub fn is_alive(&self) -> bool {
         self.inner.shared.liveness() == Liveness::Alive
     }

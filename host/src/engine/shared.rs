@@ -1,6 +1,7 @@
 //! State the engine-core threads share with its clients: each live
-//! request's output channel, the latest counters, and whether the engine is
-//! alive.
+//! request's output channel (and, when the engine core runs in its own
+//! process, what a restarted process needs to resume it), the counters, and
+//! whether the engine is alive.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -8,7 +9,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use tokio::sync::{mpsc, watch};
 
 use super::client::EngineCoreError;
-use super::core::{EngineCoreOutput, EngineStats};
+use super::core::{EngineCoreOutput, EngineCoreRequest, EngineStats};
+use super::ipc::Replay;
 
 /// One item of a request's output stream.
 pub(crate) type StreamItem = Result<EngineCoreOutput, EngineCoreError>;
@@ -24,14 +26,23 @@ pub(crate) enum Liveness {
     Dead(String),
 }
 
+/// A live request's stream.
+struct Entry {
+    /// The client's id, which the outputs carry back.
+    client_id: String,
+    tx: mpsc::UnboundedSender<StreamItem>,
+    /// Kept only when the engine core runs in its own process, since only
+    /// then can it die and be replaced.
+    replay: Option<Replay>,
+}
+
 /// The live requests' streams. The engine core knows each request by an
 /// internal id unique for the engine's lifetime (the client's id plus a
 /// sequence number), so a client may reuse an id once its request ended
 /// without a late output of the old request reaching the new stream.
 #[derive(Default)]
 struct Streams {
-    /// Internal id → (client's id, the stream's sender).
-    by_internal: HashMap<String, (String, mpsc::UnboundedSender<StreamItem>)>,
+    by_internal: HashMap<String, Entry>,
     /// Client's id → internal id.
     by_client: HashMap<String, String>,
     next_seq: u64,
@@ -39,16 +50,25 @@ struct Streams {
 
 impl Streams {
     fn remove(&mut self, internal_id: &str) -> Option<mpsc::UnboundedSender<StreamItem>> {
-        let (client_id, tx) = self.by_internal.remove(internal_id)?;
-        self.by_client.remove(&client_id);
-        Some(tx)
+        let entry = self.by_internal.remove(internal_id)?;
+        self.by_client.remove(&entry.client_id);
+        Some(entry.tx)
     }
+}
+
+/// The counters: the latest the engine core published, on top of the
+/// totals of the engine-core processes that died before it (`base`, whose
+/// gauges mean nothing), so that a restart does not reset a Prometheus
+/// counter.
+struct Stats {
+    latest: EngineStats,
+    base: Option<EngineStats>,
 }
 
 /// Shared by the client handles, the busy loop and the output thread.
 pub(crate) struct Shared {
     streams: Mutex<Streams>,
-    stats: Mutex<EngineStats>,
+    stats: Mutex<Stats>,
     liveness: watch::Sender<Liveness>,
 }
 
@@ -62,31 +82,55 @@ impl Shared {
     pub(crate) fn new(initial: EngineStats) -> Shared {
         Shared {
             streams: Mutex::new(Streams::default()),
-            stats: Mutex::new(initial),
+            stats: Mutex::new(Stats {
+                latest: initial,
+                base: None,
+            }),
             liveness: watch::channel(Liveness::Alive).0,
         }
     }
 
-    /// Registers a request's stream and returns the internal id the engine
-    /// core will know it by; `None` when the client's id is already live.
+    /// Registers a request's stream and renames the request to the internal
+    /// id the engine core will know it by; returns the client's id. Refused
+    /// when that id is already live, or once the engine stopped (checked
+    /// under the lock [`Shared::stop`] ends the streams under, so no stream
+    /// registers after that and waits forever). `replay`: keep the request
+    /// for a restarted engine-core process, with whether it is being sent
+    /// to the current one.
     pub(crate) fn register(
         &self,
-        request_id: &str,
+        req: &mut EngineCoreRequest,
         tx: mpsc::UnboundedSender<StreamItem>,
-    ) -> Option<String> {
+        replay: Option<bool>,
+    ) -> Result<String, EngineCoreError> {
         let mut streams = lock(&self.streams);
-        if streams.by_client.contains_key(request_id) {
-            return None;
+        match self.liveness() {
+            Liveness::Alive => {}
+            Liveness::Stopped => {
+                return Err(EngineCoreError::Dead("the engine was shut down".into()))
+            }
+            Liveness::Dead(reason) => return Err(EngineCoreError::Dead(reason)),
+        }
+        if streams.by_client.contains_key(&req.request_id) {
+            return Err(EngineCoreError::Rejected(format!(
+                "request id `{}` is already in use",
+                req.request_id
+            )));
         }
         streams.next_seq += 1;
-        let internal = format!("{request_id}#{}", streams.next_seq);
+        let internal = format!("{}#{}", req.request_id, streams.next_seq);
+        let client_id = std::mem::replace(&mut req.request_id, internal.clone());
         streams
             .by_client
-            .insert(request_id.to_string(), internal.clone());
-        streams
-            .by_internal
-            .insert(internal.clone(), (request_id.to_string(), tx));
-        Some(internal)
+            .insert(client_id.clone(), internal.clone());
+        let replay = replay.map(|sent| Replay::new(req.clone(), sent));
+        let entry = Entry {
+            client_id: client_id.clone(),
+            tx,
+            replay,
+        };
+        streams.by_internal.insert(internal, entry);
+        Ok(client_id)
     }
 
     /// Forgets the streams of the requests with these client ids and
@@ -109,17 +153,24 @@ impl Shared {
     }
 
     /// Sends each output to its request's stream, under the client's id; a
-    /// finished request's stream is closed after its last output.
+    /// finished request's stream is closed after its last output. What a
+    /// replayed request recomputed and the client already has (prompt
+    /// logprobs) is cut, and an output left with nothing is not sent.
     pub(crate) fn dispatch(&self, outputs: Vec<EngineCoreOutput>) {
         let mut streams = lock(&self.streams);
         for mut out in outputs {
             let finished = out.finish_reason.is_some();
-            let Some((client_id, tx)) = streams.by_internal.get(&out.request_id) else {
+            let Some(entry) = streams.by_internal.get_mut(&out.request_id) else {
                 continue;
             };
-            let internal = std::mem::replace(&mut out.request_id, client_id.clone());
+            if let Some(replay) = entry.replay.as_mut() {
+                if !replay.record(&mut out) {
+                    continue;
+                }
+            }
+            let internal = std::mem::replace(&mut out.request_id, entry.client_id.clone());
             // A receiver already gone has aborted (or will, on drop).
-            let _ = tx.send(Ok(out));
+            let _ = entry.tx.send(Ok(out));
             if finished {
                 streams.remove(&internal);
             }
@@ -150,17 +201,60 @@ impl Shared {
         });
         let mut streams = lock(&self.streams);
         streams.by_client.clear();
-        for (_, (_, tx)) in streams.by_internal.drain() {
-            let _ = tx.send(Err(EngineCoreError::Dead(reason.clone())));
+        for (_, entry) in streams.by_internal.drain() {
+            let _ = entry.tx.send(Err(EngineCoreError::Dead(reason.clone())));
         }
     }
 
-    pub(crate) fn publish_stats(&self, stats: EngineStats) {
-        *lock(&self.stats) = stats;
+    /// Live requests (those a restarted engine core would resume).
+    pub(crate) fn num_live(&self) -> usize {
+        lock(&self.streams).by_internal.len()
     }
 
+    /// Every live request as a new engine-core process must receive it to
+    /// resume: its prompt, the output its stream already has, the prompt
+    /// logprobs it still lacks. Also returns how many of them an earlier
+    /// process had (those are replayed; the rest were added meanwhile).
+    /// Each is then counted as sent.
+    pub(crate) fn take_replay(&self) -> (Vec<EngineCoreRequest>, usize) {
+        let mut streams = lock(&self.streams);
+        let mut replayed = 0;
+        let requests = streams
+            .by_internal
+            .values_mut()
+            .filter_map(|entry| entry.replay.as_mut())
+            .map(|replay| {
+                replayed += usize::from(replay.take_sent());
+                replay.resubmission()
+            })
+            .collect();
+        (requests, replayed)
+    }
+
+    pub(crate) fn publish_stats(&self, stats: EngineStats) {
+        lock(&self.stats).latest = stats;
+    }
+
+    /// A new engine-core process replaced a dead one: the dead one's
+    /// counters become the base the new one's count on from, and `initial`
+    /// (the new process's) is the latest.
+    pub(crate) fn carry_over(&self, initial: EngineStats) {
+        let mut stats = lock(&self.stats);
+        let dead = std::mem::replace(&mut stats.latest, initial);
+        match stats.base.as_mut() {
+            Some(base) => add_counters(base, &dead),
+            None => stats.base = Some(dead),
+        }
+    }
+
+    /// The latest counters, totals over every engine-core process.
     pub(crate) fn stats(&self) -> EngineStats {
-        lock(&self.stats).clone()
+        let stats = lock(&self.stats);
+        let mut total = stats.latest.clone();
+        if let Some(base) = &stats.base {
+            add_counters(&mut total, base);
+        }
+        total
     }
 
     pub(crate) fn liveness(&self) -> Liveness {
@@ -170,4 +264,18 @@ impl Shared {
     pub(crate) fn watch_liveness(&self) -> watch::Receiver<Liveness> {
         self.liveness.subscribe()
     }
+}
+
+/// Adds the counters (not the gauges) of `from` to `into`.
+fn add_counters(into: &mut EngineStats, from: &EngineStats) {
+    let (s, f) = (&mut into.scheduler, &from.scheduler);
+    s.prefix_cache.requests += f.prefix_cache.requests;
+    s.prefix_cache.queries += f.prefix_cache.queries;
+    s.prefix_cache.hits += f.prefix_cache.hits;
+    s.num_preemptions += f.num_preemptions;
+    s.num_policy_fallbacks += f.num_policy_fallbacks;
+    into.num_prompt_tokens += from.num_prompt_tokens;
+    into.num_generation_tokens += from.num_generation_tokens;
+    into.num_worker_restarts += from.num_worker_restarts;
+    into.num_worker_replayed_requests += from.num_worker_replayed_requests;
 }

@@ -2,7 +2,9 @@
 //! dashboards and autoscalers written for vLLM work unchanged.
 //!
 //! Gauges and token counters come from the engine core's counters
-//! (`EngineStats`); the latency histograms are measured here in the server,
+//! (`EngineStats`, totals over every engine-core process when one was
+//! replaced), the engine-core restarts from the client that replaced it
+//! (`EngineCoreRestarts`); the latency histograms are measured here in the server,
 //! from the arrival times of each request's outputs (`RequestMetrics`),
 //! with vLLM's bucket boundaries.
 
@@ -10,6 +12,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
 
+use crate::engine::ipc::EngineCoreRestarts;
 use crate::engine::{EngineStats, RequestMetrics};
 
 /// `vllm:time_to_first_token_seconds` buckets (vLLM 0.x, 22 boundaries).
@@ -138,7 +141,7 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition of everything.
-    pub fn render(&self, stats: &EngineStats) -> String {
+    pub fn render(&self, stats: &EngineStats, restarts: &EngineCoreRestarts) -> String {
         let labels = format!("model_name=\"{}\",engine=\"0\"", escape(&self.model_name));
         let mut out = String::with_capacity(8 << 10);
         let s = &stats.scheduler;
@@ -165,7 +168,7 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{labels}}} {v}"
             );
         }
-        let counters: [(&str, &str, u64); 5] = [
+        let counters: [(&str, &str, u64); 9] = [
             (
                 "vllm:prompt_tokens_total",
                 "Prompt tokens admitted.",
@@ -190,6 +193,26 @@ impl Metrics {
                 "vllm:num_preemptions_total",
                 "Preemptions.",
                 s.num_preemptions,
+            ),
+            (
+                "vllm:engine_core_restarts_total",
+                "Engine-core processes started to replace a dead one.",
+                restarts.restarts,
+            ),
+            (
+                "vllm:engine_core_replayed_requests_total",
+                "Unfinished requests resubmitted to a restarted engine-core process.",
+                restarts.replayed_requests,
+            ),
+            (
+                "vllm:worker_restarts_total",
+                "Worker groups started to replace a dead one.",
+                stats.num_worker_restarts,
+            ),
+            (
+                "vllm:worker_replayed_requests_total",
+                "Requests replayed by recompute on a restarted worker group.",
+                stats.num_worker_replayed_requests,
             ),
         ];
         for (name, help, v) in counters {
@@ -299,10 +322,14 @@ mod tests {
             num_prompt_tokens: 100,
             num_generation_tokens: 50,
             last_step: Default::default(),
-            num_worker_restarts: 0,
-            num_worker_replayed_requests: 0,
+            num_worker_restarts: 2,
+            num_worker_replayed_requests: 7,
         };
-        let text = m.render(&stats);
+        let restarts = EngineCoreRestarts {
+            restarts: 1,
+            replayed_requests: 16,
+        };
+        let text = m.render(&stats, &restarts);
         let labels = "model_name=\"m\\\"x\",engine=\"0\"";
         for line in [
             format!("vllm:num_requests_running{{{labels}}} 3"),
@@ -311,6 +338,10 @@ mod tests {
             format!("vllm:prompt_tokens_total{{{labels}}} 100"),
             format!("vllm:generation_tokens_total{{{labels}}} 50"),
             format!("vllm:prefix_cache_hits_total{{{labels}}} 4"),
+            format!("vllm:engine_core_restarts_total{{{labels}}} 1"),
+            format!("vllm:engine_core_replayed_requests_total{{{labels}}} 16"),
+            format!("vllm:worker_restarts_total{{{labels}}} 2"),
+            format!("vllm:worker_replayed_requests_total{{{labels}}} 7"),
             format!("vllm:request_success_total{{{labels},finished_reason=\"length\"}} 1"),
             format!("vllm:request_success_total{{{labels},finished_reason=\"stop\"}} 0"),
             format!("vllm:time_to_first_token_seconds_bucket{{{labels},le=\"0.25\"}} 1"),

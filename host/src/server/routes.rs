@@ -84,7 +84,9 @@ async fn health(State(app): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics(State(app): State<Arc<AppState>>) -> Response {
-    let text = app.metrics.render(&app.client.stats());
+    let text = app
+        .metrics
+        .render(&app.client.stats(), &app.client.restarts());
     (
         [(
             header::CONTENT_TYPE,

@@ -1,48 +1,84 @@
 //! The client's end of an engine-core process: starts it, writes client
 //! messages to its input queue, and runs two threads — a reader that hands
-//! outputs to the requests' streams, and a watcher that reaps the process
-//! and turns an unexpected exit into the engine-dead sentinel.
+//! outputs to the requests' streams, and a supervisor that reaps the
+//! process and, when it dies unexpectedly, starts a new one and replays
+//! every unfinished request there (`supervisor.rs`).
+//!
+//! One mutex, the [`Link`], orders what races with a restart: a request is
+//! registered for replay and sent to the current process under it, and the
+//! supervisor cuts the link and, later, takes the replay set and connects
+//! the new process under it. So every request reaches each process once:
+//! either it was registered before the replay set was taken (the replay
+//! sends it) or after the new process was connected (it is sent there).
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{ChildStdin, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, SyncSender};
+use std::process::ChildStdin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
 use serde_json::Value;
+use tokio::sync::mpsc::UnboundedSender;
 
-use super::{Bootstrap, ClientMessage, CoreMessage, Ready};
+use super::launch;
+use super::supervisor::{self, Supervisor};
+use super::{ClientMessage, EngineCoreRestarts};
 use crate::config::EngineConfig;
 use crate::engine::client::EngineCoreError;
-use crate::engine::executor::worker_executable;
-use crate::engine::shared::Shared;
-use crate::message_queue::{MessageQueue, QueueConfig, QueueError};
+use crate::engine::core::EngineCoreRequest;
+use crate::engine::shared::{Liveness, Shared, StreamItem};
+use crate::message_queue::{MessageQueue, QueueError};
 
 /// Callers waiting for utility answers, by call number.
-type Pending = Arc<Mutex<HashMap<u64, SyncSender<Result<Value, String>>>>>;
+pub(super) type Pending = Arc<Mutex<HashMap<u64, SyncSender<Result<Value, String>>>>>;
 
 /// How long an aborting shutdown waits for the process before SIGKILL.
 const ABORT_GRACE: Duration = Duration::from_secs(5);
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// A running engine-core process.
+/// The way to the current engine-core process.
+pub(super) struct Link {
+    /// Its input queue and death pipe; `None` from its death until a new
+    /// process is connected (sends then leave their request to the replay).
+    pub conn: Option<Conn>,
+    /// The current (or starting) process's id.
+    pub pid: u32,
+    /// A shutdown was asked for: the next exit is expected, and nothing is
+    /// restarted.
+    pub shutting_down: bool,
+}
+
+/// A connected process's input queue and death pipe.
+pub(super) struct Conn {
+    /// The queue client messages go to.
+    pub input: MessageQueue,
+    /// Held for its drop: closing it tells the process its client is gone.
+    pub _death_pipe: ChildStdin,
+}
+
+/// How many times the process was replaced, and requests replayed.
+#[derive(Default)]
+pub(super) struct Counts {
+    /// Processes connected in place of a dead one.
+    pub restarts: AtomicU64,
+    /// Requests an earlier process had, resubmitted to a new one.
+    pub replayed: AtomicU64,
+}
+
+/// A running engine-core process, replaced when it dies.
 pub struct ProcessTransport {
-    input: Mutex<MessageQueue>,
+    link: Arc<Mutex<Link>>,
+    shared: Arc<Shared>,
     pending: Pending,
     next_call: AtomicU64,
-    pid: u32,
-    /// Closing it tells the process its client is gone.
-    death_pipe: Mutex<Option<ChildStdin>>,
-    shutting_down: Arc<AtomicBool>,
+    counts: Arc<Counts>,
     exited: Mutex<mpsc::Receiver<()>>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
+    supervisor: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl ProcessTransport {
@@ -52,107 +88,98 @@ impl ProcessTransport {
     pub(crate) fn start(
         config: &EngineConfig,
     ) -> anyhow::Result<(ProcessTransport, Arc<Shared>, usize)> {
-        let exe = worker_executable(config.parallel.worker_executable.as_deref())?;
-        let input = MessageQueue::new_writer(1, QueueConfig::default())?;
-        let boot = Bootstrap {
-            config_toml: config.to_toml(),
-            input_handle: input.export_handle(),
-        };
-        let mut child = Command::new(&exe)
-            .arg("engine-core")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("cannot run {} engine-core", exe.display()))?;
-        let (mut stdin, stdout) = (
-            child.stdin.take().expect("piped"),
-            child.stdout.take().expect("piped"),
-        );
-        writeln!(stdin, "{}", serde_json::to_string(&boot)?)?;
-        stdin.flush()?;
-        // The process loads the model before it answers; it exits if that fails.
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line)?;
-        let ready = match serde_json::from_str::<Ready>(&line) {
-            Ok(Ready::Ready {
-                output_handle,
-                max_model_len,
-                stats,
-            }) => (output_handle, max_model_len, stats),
-            Ok(Ready::Failed(reason)) => {
-                let _ = child.wait();
-                bail!("the engine-core process failed to start: {reason}");
-            }
-            Err(_) => {
-                let status = child.wait()?;
-                bail!("the engine-core process exited before it was ready ({status}); its stderr says why");
-            }
-        };
-        let (output_handle, max_model_len, stats) = ready;
-        let output = MessageQueue::create_from_handle(&output_handle, 0)?;
-        input
-            .wait_until_ready(Duration::from_secs(60))
-            .context("waiting for the engine core to attach")?;
-
-        let shared = Arc::new(Shared::new(stats));
+        let launched = launch::spawn(config)?.handshake()?;
+        let max_model_len = launched.max_model_len;
+        let shared = Arc::new(Shared::new(launched.stats));
         let pending: Pending = Arc::default();
-        let shutting_down = Arc::new(AtomicBool::new(false));
+        let reader = supervisor::spawn_reader(launched.output, &shared, &pending)?;
+        let link = Arc::new(Mutex::new(Link {
+            conn: Some(Conn {
+                input: launched.input,
+                _death_pipe: launched.death_pipe,
+            }),
+            pid: launched.child.id(),
+            shutting_down: false,
+        }));
+        let counts = Arc::new(Counts::default());
         let (exited_tx, exited) = mpsc::channel();
-        let pid = child.id();
-        let reader = {
-            let (shared, pending) = (Arc::clone(&shared), Arc::clone(&pending));
-            std::thread::Builder::new()
-                .name("engine-client-reader".into())
-                .spawn(move || read_outputs(&output, &shared, &pending))?
-        };
-        let watcher = {
-            let (shared, pending, shutting_down) = (
-                Arc::clone(&shared),
-                Arc::clone(&pending),
-                Arc::clone(&shutting_down),
-            );
-            std::thread::Builder::new()
-                .name("engine-client-watcher".into())
-                .spawn(move || {
-                    let status = child.wait();
-                    let expected = shutting_down.load(Ordering::SeqCst)
-                        && status.as_ref().is_ok_and(|s| s.success());
-                    let reason = match status {
-                        Ok(s) => format!("the engine-core process (pid {pid}) exited: {s}"),
-                        Err(e) => format!(
-                            "the engine-core process (pid {pid}) could not be waited for: {e}"
-                        ),
-                    };
-                    shared.stop((!expected).then_some(reason));
-                    lock(&pending).clear();
-                    let _ = exited_tx.send(());
-                })?
-        };
+        let supervisor = Supervisor {
+            config: config.clone(),
+            budget: crate::engine::restart::RestartBudget::new(&config.engine),
+            link: Arc::clone(&link),
+            shared: Arc::clone(&shared),
+            pending: Arc::clone(&pending),
+            counts: Arc::clone(&counts),
+            exited: exited_tx,
+        }
+        .spawn(launched.child, reader)?;
         let transport = ProcessTransport {
-            input: Mutex::new(input),
+            link,
+            shared: Arc::clone(&shared),
             pending,
             next_call: AtomicU64::new(0),
-            pid,
-            death_pipe: Mutex::new(Some(stdin)),
-            shutting_down,
+            counts,
             exited: Mutex::new(exited),
-            threads: Mutex::new(vec![reader, watcher]),
+            supervisor: Mutex::new(Some(supervisor)),
         };
         Ok((transport, shared, max_model_len))
     }
 
-    /// The engine-core process's id.
+    /// The current engine-core process's id.
     pub(crate) fn pid(&self) -> u32 {
-        self.pid
+        lock(&self.link).pid
     }
 
-    /// Writes a message to the engine core.
-    pub(crate) fn send(&self, msg: &ClientMessage) -> Result<(), QueueError> {
-        lock(&self.input).enqueue(msg, None)
+    /// The restarts so far.
+    pub(crate) fn restarts(&self) -> EngineCoreRestarts {
+        EngineCoreRestarts {
+            restarts: self.counts.restarts.load(Ordering::Relaxed),
+            replayed_requests: self.counts.replayed.load(Ordering::Relaxed),
+        }
     }
 
-    /// A utility call, answered through the output queue.
+    /// Registers `req`'s stream (kept for a replay) and sends it; returns
+    /// the client's id and the internal one. While the process is being
+    /// replaced the request is only registered: the replay sends it.
+    pub(crate) fn add(
+        &self,
+        mut req: EngineCoreRequest,
+        tx: UnboundedSender<StreamItem>,
+    ) -> Result<(String, String), EngineCoreError> {
+        let link = lock(&self.link);
+        let client_id = self
+            .shared
+            .register(&mut req, tx, Some(link.conn.is_some()))?;
+        let internal_id = req.request_id.clone();
+        let Some(conn) = &link.conn else {
+            return Ok((client_id, internal_id));
+        };
+        match conn.input.enqueue(&ClientMessage::Add(Box::new(req)), None) {
+            Ok(()) => Ok((client_id, internal_id)),
+            // The process died: the supervisor replays the request.
+            Err(e) if reader_died(&e) => Ok((client_id, internal_id)),
+            Err(e) => {
+                self.shared.unregister(&internal_id);
+                Err(EngineCoreError::Dead(format!(
+                    "the request could not be sent to the engine-core process: {e}"
+                )))
+            }
+        }
+    }
+
+    /// Aborts requests (by internal id) in the current process; one being
+    /// replaced has nothing to abort (the caller already unregistered them,
+    /// so the replay leaves them out).
+    pub(crate) fn abort(&self, internal_ids: Vec<String>) {
+        if let Some(conn) = &lock(&self.link).conn {
+            let _ = conn
+                .input
+                .enqueue(&ClientMessage::Abort(internal_ids), None);
+        }
+    }
+
+    /// A utility call, answered through the output queue. Fails while the
+    /// process is being replaced, and when it dies during the call.
     pub(crate) fn call_utility(
         &self,
         method: &str,
@@ -160,47 +187,81 @@ impl ProcessTransport {
     ) -> Result<Value, EngineCoreError> {
         let call_id = self.next_call.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::sync_channel(1);
-        lock(&self.pending).insert(call_id, tx);
         let msg = ClientMessage::Utility {
             call_id,
             method: method.to_string(),
             args_json: args.to_string(),
         };
-        let dead = || EngineCoreError::Dead("the engine-core process is gone".into());
-        if self.send(&msg).is_err() {
-            lock(&self.pending).remove(&call_id);
-            return Err(dead());
+        {
+            let link = lock(&self.link);
+            let Some(conn) = &link.conn else {
+                return Err(self.not_connected());
+            };
+            // Registered under the link, so the supervisor's failing of
+            // every pending call at a death cannot miss this one.
+            lock(&self.pending).insert(call_id, tx);
+            if let Err(e) = conn.input.enqueue(&msg, None) {
+                lock(&self.pending).remove(&call_id);
+                return Err(EngineCoreError::Utility(format!(
+                    "`{method}` could not be sent to the engine-core process: {e}"
+                )));
+            }
         }
         match rx.recv() {
             Ok(result) => result.map_err(EngineCoreError::Utility),
-            // The watcher dropped the waiting callers: the process died.
-            Err(_) => Err(dead()),
+            // Dropped unanswered: the transport is going away.
+            Err(_) => Err(self.not_connected()),
+        }
+    }
+
+    /// Why nothing can be sent now: the engine stopped, or its process is
+    /// being replaced.
+    fn not_connected(&self) -> EngineCoreError {
+        match self.shared.liveness() {
+            Liveness::Alive => EngineCoreError::Utility(
+                "the engine-core process died and is being restarted; try again once it is back"
+                    .into(),
+            ),
+            Liveness::Stopped => EngineCoreError::Dead("the engine was shut down".into()),
+            Liveness::Dead(reason) => EngineCoreError::Dead(reason),
         }
     }
 
     /// Stops the process: asks it to drain or abort, waits for it (an
     /// aborting stop at most [`ABORT_GRACE`], then SIGKILL) and joins the
-    /// client's threads.
+    /// client's threads. A process being started as a replacement is
+    /// ended as soon as it is up.
     pub(crate) fn shutdown(&self, drain: bool) {
-        self.shutting_down.store(true, Ordering::SeqCst);
-        let _ = self.send(&ClientMessage::Shutdown { drain });
+        {
+            let mut link = lock(&self.link);
+            link.shutting_down = true;
+            if let Some(conn) = &link.conn {
+                let _ = conn.input.enqueue(&ClientMessage::Shutdown { drain }, None);
+            }
+        }
         let exited = lock(&self.exited);
+        // Disconnected: the supervisor is gone, the process reaped already.
         let done = if drain {
-            exited.recv().is_ok()
+            let _ = exited.recv();
+            true
         } else {
-            exited.recv_timeout(ABORT_GRACE).is_ok()
+            !matches!(
+                exited.recv_timeout(ABORT_GRACE),
+                Err(RecvTimeoutError::Timeout)
+            )
         };
         if !done {
+            let pid = lock(&self.link).pid;
             tracing::warn!(
-                pid = self.pid,
+                pid,
                 "the engine-core process did not stop in time; killing it"
             );
-            // SAFETY: kill(2) with a pid we started and have not reaped.
-            unsafe { libc::kill(self.pid as libc::pid_t, libc::SIGKILL) };
+            // SAFETY: kill(2) with a pid we started; the supervisor has
+            // not reaped it (it reports that on `exited` first).
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
         }
-        lock(&self.death_pipe).take();
-        lock(&self.input).shutdown();
-        for t in std::mem::take(&mut *lock(&self.threads)) {
+        lock(&self.link).conn.take();
+        if let Some(t) = lock(&self.supervisor).take() {
             let _ = t.join();
         }
     }
@@ -208,42 +269,18 @@ impl ProcessTransport {
 
 impl Drop for ProcessTransport {
     fn drop(&mut self) {
-        // Without a shutdown, closing the death pipe ends the process.
-        lock(&self.death_pipe).take();
+        // Without a shutdown, closing the death pipe ends the process; the
+        // supervisor takes that exit as asked for.
+        let mut link = lock(&self.link);
+        link.shutting_down = true;
+        link.conn.take();
     }
 }
 
-/// The reader thread: outputs to streams, answers to utility callers, until
-/// the engine core stops writing.
-fn read_outputs(output: &MessageQueue, shared: &Shared, pending: &Pending) {
-    loop {
-        match output.dequeue::<CoreMessage>(None) {
-            Ok(CoreMessage::Step(outs, stats)) => {
-                shared.publish_stats(stats);
-                shared.dispatch(outs);
-            }
-            Ok(CoreMessage::Rejected { request_id, reason }) => shared.reject(&request_id, reason),
-            Ok(CoreMessage::Utility { call_id, result }) => {
-                let result = result.and_then(|text| {
-                    serde_json::from_str(&text)
-                        .map_err(|e| format!("the engine core answered with invalid JSON: {e}"))
-                });
-                if let Some(tx) = lock(pending).remove(&call_id) {
-                    let _ = tx.send(result);
-                }
-            }
-            Ok(CoreMessage::Dead(reason)) => {
-                shared.stop(Some(reason));
-                return;
-            }
-            // The process ended; the watcher reports how.
-            Err(QueueError::Shutdown | QueueError::WriterDead { .. }) => return,
-            Err(e) => {
-                shared.stop(Some(format!(
-                    "a message from the engine core could not be read: {e}"
-                )));
-                return;
-            }
-        }
+/// Whether an enqueue failed because the process reading the queue died.
+fn reader_died(e: &QueueError) -> bool {
+    match e {
+        QueueError::Full { behind, .. } => behind.iter().any(|l| !l.alive),
+        _ => false,
     }
 }

@@ -9,10 +9,19 @@
 //! ([`Bootstrap`]) and then serves as the death pipe (end-of-file: the
 //! client is gone, the engine core exits); stdout carries one JSON line
 //! ([`Ready`]). A crash of the engine-core process is noticed by the client's
-//! watcher thread, which ends every stream with the engine-dead sentinel.
+//! supervisor thread, which starts a new process and replays every
+//! unfinished request there (within `[engine]`'s restart budget), or else
+//! ends every stream with the engine-dead sentinel.
+//!
+//! `launch` starts one process; `client_side` is the client's transport;
+//! `supervisor` its supervisor and reader threads; `replay` what a request
+//! needs to resume in a new process; `core_side` the process.
 
 mod client_side;
 mod core_side;
+mod launch;
+mod replay;
+mod supervisor;
 
 use serde::{Deserialize, Serialize};
 
@@ -21,6 +30,17 @@ use crate::message_queue::Handle;
 
 pub use client_side::ProcessTransport;
 pub use core_side::run;
+pub(crate) use replay::Replay;
+
+/// How often the API server replaced a dead engine-core process, for the
+/// metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineCoreRestarts {
+    /// Engine-core processes started to replace a dead one.
+    pub restarts: u64,
+    /// Unfinished requests resubmitted to them with their output so far.
+    pub replayed_requests: u64,
+}
 
 /// What the client sends the engine-core process on its stdin.
 #[derive(Clone, Debug, Serialize, Deserialize)]
