@@ -22,7 +22,10 @@ pub use self::core::{
 };
 // The parts of `EngineStats`, so a frontend reads them from the engine
 // without reaching into the scheduler or the KV cache.
-pub use crate::{kv_cache::PrefixCacheStats, scheduler::SchedulerStats};
+pub use crate::{
+    kv_cache::PrefixCacheStats,
+    scheduler::{CacheConfigInfo, SchedulerStats},
+};
 pub use client::{EngineCoreClient, EngineCoreError, OutputStream};
 pub use executor::{
     executor_for, Executor, ExecutorError, MultiprocExecutor, RpcFuture, StepFuture,

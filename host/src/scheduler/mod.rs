@@ -57,6 +57,19 @@ pub struct SchedulerStats {
     pub num_preemptions: u64,
     /// Policy answers that were invalid and replaced by FCFS.
     pub num_policy_fallbacks: u64,
+    /// The KV cache's shape, for `vllm:cache_config_info`.
+    pub cache_config: CacheConfigInfo,
+}
+
+/// The KV cache's shape as routers read it (vLLM's `cache_config_info`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CacheConfigInfo {
+    /// Tokens per block.
+    pub block_size: u32,
+    /// Blocks in the cache (vLLM's `num_gpu_blocks`).
+    pub num_blocks: u32,
+    /// Whether full blocks are reused across requests.
+    pub enable_prefix_caching: bool,
 }
 
 /// Reusable per-step buffers, so steady-state steps do not allocate.
@@ -369,6 +382,11 @@ impl Scheduler {
             prefix_cache: self.kv.prefix_cache_stats(),
             num_preemptions: self.num_preemptions,
             num_policy_fallbacks: self.num_policy_fallbacks,
+            cache_config: CacheConfigInfo {
+                block_size: self.config.block_size,
+                num_blocks: self.config.num_blocks,
+                enable_prefix_caching: self.config.enable_prefix_caching,
+            },
         }
     }
 

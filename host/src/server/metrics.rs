@@ -168,6 +168,23 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{labels}}} {v}"
             );
         }
+        // vLLM's info gauge, which routers (GAIE's model-server protocol)
+        // read the block size from: its labels carry the values.
+        let c = s.cache_config;
+        let _ = writeln!(
+            out,
+            "# HELP vllm:cache_config_info Information of the KV cache's configuration.\n\
+             # TYPE vllm:cache_config_info gauge\n\
+             vllm:cache_config_info{{{labels},block_size=\"{}\",num_gpu_blocks=\"{}\",\
+             enable_prefix_caching=\"{}\",cache_dtype=\"auto\"}} 1",
+            c.block_size,
+            c.num_blocks,
+            if c.enable_prefix_caching {
+                "True"
+            } else {
+                "False"
+            }
+        );
         let counters: [(&str, &str, u64); 9] = [
             (
                 "vllm:prompt_tokens_total",
@@ -318,6 +335,11 @@ mod tests {
                 },
                 num_preemptions: 1,
                 num_policy_fallbacks: 0,
+                cache_config: crate::engine::CacheConfigInfo {
+                    block_size: 16,
+                    num_blocks: 364,
+                    enable_prefix_caching: true,
+                },
             },
             num_prompt_tokens: 100,
             num_generation_tokens: 50,
@@ -333,6 +355,10 @@ mod tests {
         let labels = "model_name=\"m\\\"x\",engine=\"0\"";
         for line in [
             format!("vllm:num_requests_running{{{labels}}} 3"),
+            format!(
+                "vllm:cache_config_info{{{labels},block_size=\"16\",num_gpu_blocks=\"364\",\
+                 enable_prefix_caching=\"True\",cache_dtype=\"auto\"}} 1"
+            ),
             format!("vllm:num_requests_waiting{{{labels}}} 2"),
             format!("vllm:kv_cache_usage_perc{{{labels}}} 0.25"),
             format!("vllm:prompt_tokens_total{{{labels}}} 100"),
