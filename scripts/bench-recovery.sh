@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # How long a stream stalls when an `mp` worker is killed mid-decode (issue
 # 14): a release `host serve`, STREAMS concurrent greedy streams through the
-# official `openai` client (tests/server/worker_kill_client.py), the worker
+# official `openai` client (tests/server/kill_client.py), the worker
 # sent SIGKILL once every stream has a chunk; REPS times, a fresh server
 # each (a full restart budget). Each server first serves the same streams
 # undisturbed: their texts are what the disturbed run must give, and their
@@ -78,7 +78,7 @@ for rep in $(seq "$reps"); do
         "prompts": [f"Write a short story about the number {i}." for i in range(n)],
         "max_tokens": m, "kill_pid": v or None, "timeout_s": 120}))' "$streams" "$max_tokens" "$kill")
     name=$([ "$kill" = 0 ] && echo reference || echo client)
-    timeout 300 python3 tests/server/worker_kill_client.py "$addr/v1" SmolLM2-135M-Instruct.Q4_1 "$spec" \
+    timeout 300 python3 tests/server/kill_client.py "$addr/v1" SmolLM2-135M-Instruct.Q4_1 "$spec" \
       >"$out/$name-$rep.json"
   done
   kill -TERM "$server"

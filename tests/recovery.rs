@@ -1,7 +1,7 @@
 //! Issue 14, the worker side: a `host serve` whose `mp` worker is killed
 //! with SIGKILL mid-decode replaces its worker group and finishes every
 //! stream exactly as an undisturbed run of the same server did, through the
-//! official `openai` client (tests/server/worker_kill_client.py).
+//! official `openai` client (tests/server/kill_client.py).
 //!
 //! - TP = 1: 16 concurrent greedy streams, the worker killed once every
 //!   stream has a chunk: same texts, `length`, `max_tokens` completion
@@ -20,38 +20,27 @@
 
 #[path = "server/harness.rs"]
 mod harness;
+#[path = "server/kill.rs"]
+mod kill;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{mpsc, Mutex, MutexGuard};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use host::message_queue::{shm_names, NAME_PREFIX};
-use serde_json::{json, Value};
+use serde_json::Value;
 
-/// The served model's name: the file stem, kept by the crash loop's copy.
-const MODEL_NAME: &str = "SmolLM2-135M-Instruct.Q4_1";
 /// Streams per run: more than one step's worth of decode rows, so the kill
 /// lands on a full batch.
 const STREAMS: usize = 16;
 /// Tokens per stream: long enough that every stream is mid-decode when the
 /// kill lands (a few tokens in), short enough for two cores.
 const MAX_TOKENS: u64 = 48;
-/// The client's bound on each of its waits (seconds): the streams of one
-/// run on a loaded two-core machine take ~15 s, a restart ~2 s more.
-const CLIENT_TIMEOUT_S: u64 = 150;
 /// How long the server may take to exit after SIGTERM (it drains nothing:
 /// every request has finished) or after its engine died.
 const EXIT: Duration = Duration::from_secs(30);
-
-/// One case at a time: each runs a server and up to three workers, and two
-/// at once would only compete for the two cores (and blur the timings).
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// A `host serve` process on a loopback port, its stderr kept in a file (the
 /// harness's `Server` inherits stderr, and these tests read the log), and an
@@ -279,19 +268,6 @@ fn alive(pid: u32) -> bool {
     processes().iter().any(|p| p.pid == pid && p.state != 'Z')
 }
 
-/// Segments in /dev/shm owned by any of `pids`. A live queue's name is
-/// unlinked once every reader has attached, so what a death can leave is a
-/// queue no reader attached yet or an overflow segment nobody read.
-fn segments_of(pids: &[u32]) -> Vec<String> {
-    shm_names()
-        .into_iter()
-        .filter(|n| {
-            pids.iter()
-                .any(|p| n.starts_with(&format!("{NAME_PREFIX}{p}-")))
-        })
-        .collect()
-}
-
 /// Polls `done` every 20 ms for up to `timeout`; whether it came true.
 fn eventually(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
@@ -324,66 +300,16 @@ fn strip_ansi(s: &str) -> String {
     out
 }
 
-/// The distinct prompts of a run.
-fn prompts(n: usize) -> Vec<String> {
-    (0..n)
-        .map(|i| format!("Write a short story about the number {i}."))
-        .collect()
-}
-
-/// Runs worker_kill_client.py against `server`: `prompts` streamed at once,
-/// `kill_pid` sent SIGKILL once every stream has a chunk. Returns its report.
-/// Bounded: the script bounds its own waits; this kills it past twice that.
+/// Runs the kill client against `server` (see [`kill::run_client`]); a
+/// failure shows the server's log too.
 fn run_client(
     server: &Served,
     prompts: &[String],
     max_tokens: u64,
     kill_pid: Option<u32>,
 ) -> Value {
-    let script = e2e::repo_root().join("tests/server/worker_kill_client.py");
-    let spec = json!({
-        "prompts": prompts,
-        "max_tokens": max_tokens,
-        "kill_pid": kill_pid,
-        "timeout_s": CLIENT_TIMEOUT_S,
-    });
-    let mut child = Command::new("python3")
-        .arg(&script)
-        .arg(format!("http://{}/v1", server.addr))
-        .arg(MODEL_NAME)
-        .arg(spec.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start python3");
-    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
-    let reader = std::thread::spawn(move || {
-        let (mut o, mut e) = (String::new(), String::new());
-        let _ = out.read_to_string(&mut o);
-        let _ = err.read_to_string(&mut e);
-        (o, e)
-    });
-    let limit = Duration::from_secs(2 * CLIENT_TIMEOUT_S + 30);
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("try_wait") {
-            break s;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{} ran past {limit:?}", script.display());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let (stdout, stderr) = reader.join().unwrap();
-    assert!(
-        status.success(),
-        "{} failed ({status}); it needs `pip install -r tests/reference/requirements.txt` (openai)\n{stdout}\n{stderr}\nserver log:\n{}",
-        script.display(),
-        server.stderr()
-    );
-    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
+    kill::run_client(&server.addr, prompts, max_tokens, kill_pid)
+        .unwrap_or_else(|e| panic!("{e}\nserver log:\n{}", server.stderr()))
 }
 
 /// Asserts every stream of an undisturbed run ended whole; returns its texts.
@@ -407,7 +333,7 @@ fn reference_texts(report: &Value, max_tokens: u64) -> Vec<String> {
 fn kill_one_worker(args: &[&str], world_size: usize, victim_rank: usize) {
     let model = e2e::default_model();
     let mut server = Served::start(&model, args);
-    let prompts = prompts(STREAMS);
+    let prompts = kill::prompts(STREAMS);
     let started = Instant::now();
 
     // The undisturbed run, on the same server: the expectation (a TP = 3
@@ -521,9 +447,10 @@ fn kill_one_worker(args: &[&str], world_size: usize, victim_rank: usize) {
     // dead worker left goes with the reader that finds its owner dead (or
     // the sweep a new queue makes), the others' with their shutdown.
     assert!(
-        eventually(Duration::from_secs(5), || segments_of(&old).is_empty()),
+        eventually(Duration::from_secs(5), || kill::segments_of(&old)
+            .is_empty()),
         "segments of the old workers left: {:?}",
-        segments_of(&old)
+        kill::segments_of(&old)
     );
 
     let status = server.stop();
@@ -550,18 +477,22 @@ fn assert_left_nothing(server: &Served, pids: &[u32]) {
         "processes the server started outlive it: {:?}",
         server.marked_processes()
     );
-    assert_eq!(segments_of(pids), Vec::<String>::new(), "pids {pids:?}");
+    assert_eq!(
+        kill::segments_of(pids),
+        Vec::<String>::new(),
+        "pids {pids:?}"
+    );
 }
 
 #[test]
 fn a_killed_worker_is_replaced_and_every_stream_ends_as_undisturbed() {
-    let _serial = serial();
+    let _serial = kill::serial();
     kill_one_worker(&[], 1, 0);
 }
 
 #[test]
 fn a_killed_tensor_parallel_rank_replaces_the_whole_group() {
-    let _serial = serial();
+    let _serial = kill::serial();
     // One thread per rank: three workers share two cores.
     kill_one_worker(
         &[
@@ -577,7 +508,7 @@ fn a_killed_tensor_parallel_rank_replaces_the_whole_group() {
 
 #[test]
 fn a_crash_loop_spends_the_budget_and_the_server_exits() {
-    let _serial = serial();
+    let _serial = kill::serial();
     // A private copy of the model, under its own name (the served model's
     // name is the file stem), to break while the server runs.
     let dir = tempfile::tempdir().unwrap();
@@ -597,7 +528,7 @@ fn a_crash_loop_spends_the_budget_and_the_server_exits() {
     std::fs::rename(&garbage, &model).unwrap();
 
     let t = Instant::now();
-    let report = run_client(&server, &prompts(1), 256, Some(workers[0]));
+    let report = run_client(&server, &kill::prompts(1), 256, Some(workers[0]));
     let stream_end_s = t.elapsed().as_secs_f64();
     let log = server.stderr();
     assert!(

@@ -2,7 +2,7 @@
 //! in its own process, `uni` executor) whose engine-core process is killed
 //! with SIGKILL mid-decode starts a new one and replays every unfinished
 //! request, so 16 concurrent streams through the official `openai` client
-//! (tests/server/recovery_client.py) end exactly as an undisturbed run of
+//! (tests/server/kill_client.py) end exactly as an undisturbed run of
 //! the same 16 on the same server did. With restarts off the kill ends
 //! every stream with an error naming the death, and the server exits
 //! non-zero within a bound. And through `EngineCoreClient` directly, what
@@ -14,108 +14,34 @@
 
 #[path = "server/harness.rs"]
 mod harness;
+#[path = "server/kill.rs"]
+mod kill;
 
-use std::process::{Command, Stdio};
-use std::sync::{Mutex, MutexGuard};
+use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use harness::Server;
 use host::config::EngineConfig;
 use host::engine::{EngineCoreClient, EngineCoreError, EngineCoreRequest, OutputStream};
-use host::message_queue::{shm_names, NAME_PREFIX};
 use host::sampling::SamplingParams;
-use serde_json::{json, Value};
+use serde_json::Value;
 
-/// The served model's name (the default model's file stem).
-const MODEL_NAME: &str = "SmolLM2-135M-Instruct.Q4_1";
 /// Concurrent streams per run.
 const STREAMS: usize = 16;
 /// Tokens per stream: the kill lands once every stream has its first
 /// chunk, a few tokens in, so with 40 every stream is still unfinished then
 /// and all 16 are replayed (the test checks each got chunks after the kill).
 const MAX_TOKENS: u64 = 40;
-/// The client's bound on each of its waits (seconds): one run of 16 streams
-/// takes ~10-20 s on a loaded two-core machine, the restart a few more.
-const CLIENT_TIMEOUT_S: u64 = 150;
 /// How long the server may take to exit after its engine died for good:
 /// the death is noticed within 0.1 s, then the server answers 503 for
 /// 1 s (`DEAD_GRACE`) and closes its listener within 1 s more.
 const DEAD_EXIT: Duration = Duration::from_secs(10);
 
-/// One server at a time: two would only compete for the two cores.
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// 16 distinct prompts.
-fn prompts() -> Vec<String> {
-    [
-        "a lighthouse keeper",
-        "a lost robot",
-        "the first snow of winter",
-        "a dragon who cannot fly",
-        "two rival bakers",
-        "a library at midnight",
-        "a ship in a bottle",
-        "the last train home",
-        "a garden on the moon",
-        "an honest thief",
-        "a clock that runs backwards",
-        "a cat who learns to read",
-        "the oldest tree in the forest",
-        "a detective afraid of the dark",
-        "a village under the sea",
-        "a painter who sees music",
-    ]
-    .iter()
-    .map(|topic| format!("Write a short story about {topic}."))
-    .collect()
-}
-
-/// Runs recovery_client.py against `server` (SIGKILLing `kill_pid` once
-/// every stream has a chunk) and returns its report. Bounded: the script
-/// bounds its own waits; past twice that it is killed and the test fails.
+/// Runs the kill client's 16 streams against `server`, SIGKILLing
+/// `kill_pid` once every stream has a chunk (see [`kill::run_client`]).
 fn run_client(server: &Server, kill_pid: Option<u32>) -> Value {
-    let script = e2e::repo_root().join("tests/server/recovery_client.py");
-    let spec = json!({
-        "prompts": prompts(),
-        "max_tokens": MAX_TOKENS,
-        "kill_pid": kill_pid,
-        "timeout_s": CLIENT_TIMEOUT_S,
-    });
-    let mut child = Command::new("python3")
-        .arg(&script)
-        .arg(format!("http://{}/v1", server.addr))
-        .arg(MODEL_NAME)
-        .arg(spec.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start python3");
-    let deadline = Instant::now() + Duration::from_secs(2 * CLIENT_TIMEOUT_S + 30);
-    while child.try_wait().expect("try_wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{} did not finish in time", script.display());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = child.wait_with_output().expect("the client's output");
-    assert!(
-        out.status.success(),
-        "{} failed ({}); it needs `pip install -r tests/reference/requirements.txt` (openai)\n{}",
-        script.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "the client's report is not JSON ({e}): {}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    })
+    kill::run_client(&server.addr, &kill::prompts(STREAMS), MAX_TOKENS, kill_pid)
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The descendants of `pid` as (pid, command line), from `ps`.
@@ -155,19 +81,6 @@ fn engine_core(server: &Server) -> u32 {
     cores[0]
 }
 
-/// The /dev/shm segments whose owner is process `pid` (names carry the
-/// owner's pid: `hostmq-<pid>-<start time>-…`).
-fn segments_of(pid: u32) -> Vec<String> {
-    shm_names()
-        .into_iter()
-        .filter(|name| {
-            name.strip_prefix(NAME_PREFIX)
-                .and_then(|rest| rest.split('-').next())
-                .is_some_and(|owner| owner == pid.to_string())
-        })
-        .collect()
-}
-
 /// The streams of a report.
 fn streams(report: &Value) -> &Vec<Value> {
     let streams = report["streams"].as_array().expect("streams");
@@ -177,7 +90,7 @@ fn streams(report: &Value) -> &Vec<Value> {
 
 #[test]
 fn a_killed_engine_core_process_is_replaced_and_every_stream_ends_as_undisturbed() {
-    let _serial = serial();
+    let _serial = kill::serial();
     let mut server = Server::start(&[]);
     let reference = run_client(&server, None);
     let expected: Vec<String> = streams(&reference)
@@ -191,7 +104,10 @@ fn a_killed_engine_core_process_is_replaced_and_every_stream_ends_as_undisturbed
 
     let victim = engine_core(&server);
     let report = run_client(&server, Some(victim));
-    assert_eq!(report["killed"], true, "{report}");
+    assert!(
+        report["kill_error"].is_null() && report["killed_at"].is_f64(),
+        "{report}"
+    );
     for (i, s) in streams(&report).iter().enumerate() {
         assert!(s["error"].is_null(), "stream {i} survives the kill: {s}");
         assert_eq!(s["finish_reason"], "length", "stream {i}: {s}");
@@ -235,7 +151,7 @@ fn a_killed_engine_core_process_is_replaced_and_every_stream_ends_as_undisturbed
     // The dead process's queues went with it (its output queue's name was
     // unlinked once attached; the restart's new queues sweep what a dead
     // owner left).
-    assert_eq!(segments_of(victim), Vec::<String>::new());
+    assert_eq!(kill::segments_of(&[victim]), Vec::<String>::new());
 
     // SIGTERM reaches the new process as it would the first: a clean exit,
     // the replacement reaped before the server exits.
@@ -252,11 +168,14 @@ fn a_killed_engine_core_process_is_replaced_and_every_stream_ends_as_undisturbed
 
 #[test]
 fn with_restarts_off_a_killed_engine_core_ends_every_stream_and_the_server() {
-    let _serial = serial();
+    let _serial = kill::serial();
     let mut server = Server::start(&["--set", "engine.max_restarts=0"]);
     let victim = engine_core(&server);
     let report = run_client(&server, Some(victim));
-    assert_eq!(report["killed"], true, "{report}");
+    assert!(
+        report["kill_error"].is_null() && report["killed_at"].is_f64(),
+        "{report}"
+    );
     let killed_at = report["killed_at"].as_f64().expect("the kill's time");
     for (i, s) in streams(&report).iter().enumerate() {
         let error = s["error"].as_str().unwrap_or_default();
@@ -284,7 +203,7 @@ fn with_restarts_off_a_killed_engine_core_ends_every_stream_and_the_server() {
         since_kill < DEAD_EXIT.as_secs_f64(),
         "the server exited {since_kill:.1} s after the kill"
     );
-    assert_eq!(segments_of(victim), Vec::<String>::new());
+    assert_eq!(kill::segments_of(&[victim]), Vec::<String>::new());
 }
 
 /// A request for `text`: greedy, `max_tokens`, with prompt logprobs.
@@ -323,7 +242,7 @@ fn drain(mut stream: OutputStream) -> (Vec<u32>, Vec<u32>) {
 
 #[test]
 fn what_races_a_restart_is_sent_once_aborted_or_refused_clearly() {
-    let _serial = serial();
+    let _serial = kill::serial();
     let mut config = EngineConfig::default();
     config.model.path = e2e::default_model();
     config.parallel.worker_executable = Some(e2e::host_bin());
@@ -410,12 +329,12 @@ fn what_races_a_restart_is_sent_once_aborted_or_refused_clearly() {
         std::thread::sleep(Duration::from_millis(20));
     }
     client.shutdown(false);
-    assert_eq!(segments_of(victim), Vec::<String>::new());
+    assert_eq!(kill::segments_of(&[victim]), Vec::<String>::new());
 }
 
 #[test]
 fn a_crash_loop_spends_the_budget_and_ends_every_stream_saying_so() {
-    let _serial = serial();
+    let _serial = kill::serial();
     // A private copy of the model, to break while the engine core runs.
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join(e2e::default_model().file_name().unwrap());
@@ -473,6 +392,6 @@ fn a_crash_loop_spends_the_budget_and_ends_every_stream_saying_so() {
         .filter(|(_, args)| args.contains("engine-core"))
         .collect();
     assert!(left.is_empty(), "no engine-core process left: {left:?}");
-    assert_eq!(segments_of(victim), Vec::<String>::new());
+    assert_eq!(kill::segments_of(&[victim]), Vec::<String>::new());
     eprintln!("crash loop: the stream ended {ended:?} after the kill");
 }

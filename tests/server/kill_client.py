@@ -1,7 +1,9 @@
 """Concurrent streaming completions through the official `openai` client,
-optionally SIGKILLing one process once every stream is under way.
+optionally SIGKILLing one process (a worker, the engine-core process) once
+every stream is under way; tests/recovery.rs, tests/recovery_engine_core.rs
+and scripts/bench-recovery.sh drive it through tests/server/kill.rs.
 
-Usage: worker_kill_client.py BASE_URL MODEL SPEC_JSON
+Usage: kill_client.py BASE_URL MODEL SPEC_JSON
 
 SPEC_JSON: {"prompts": [...], "max_tokens": N, "kill_pid": PID or null,
 "timeout_s": S}. Every prompt is streamed at once (greedy, `ignore_eos`, usage

@@ -1,0 +1,105 @@
+//! What the recovery tests share: one server at a time, the prompts, and
+//! `kill_client.py` (concurrent streams through the official `openai`
+//! client, one process SIGKILLed once every stream has a chunk), plus the
+//! shared-memory segments a process left.
+
+#![allow(dead_code)] // each test file uses its own subset
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use host::message_queue::{shm_names, NAME_PREFIX};
+use serde_json::{json, Value};
+
+/// The served model's name: the default model's file stem.
+pub const MODEL_NAME: &str = "SmolLM2-135M-Instruct.Q4_1";
+/// The client's bound on each of its waits (seconds): 16 streams take
+/// ~10-20 s on a loaded two-core machine, a restart a few more.
+pub const CLIENT_TIMEOUT_S: u64 = 150;
+
+/// One server at a time: two would only compete for the two cores (and
+/// blur the timings).
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `n` distinct prompts.
+pub fn prompts(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| format!("Write a short story about the number {i}."))
+        .collect()
+}
+
+/// Runs kill_client.py against the server at `addr`: `prompts` streamed at
+/// once (greedy, `ignore_eos`, `max_tokens`), `kill_pid` sent SIGKILL once
+/// every stream has a chunk. Returns its report, or the script's output
+/// when it failed. Bounded: the script bounds its own waits; it is killed
+/// past twice that.
+pub fn run_client(
+    addr: &str,
+    prompts: &[String],
+    max_tokens: u64,
+    kill_pid: Option<u32>,
+) -> Result<Value, String> {
+    let script = e2e::repo_root().join("tests/server/kill_client.py");
+    let spec = json!({
+        "prompts": prompts,
+        "max_tokens": max_tokens,
+        "kill_pid": kill_pid,
+        "timeout_s": CLIENT_TIMEOUT_S,
+    });
+    let mut child = Command::new("python3")
+        .arg(&script)
+        .arg(format!("http://{addr}/v1"))
+        .arg(MODEL_NAME)
+        .arg(spec.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start python3");
+    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let reader = std::thread::spawn(move || {
+        let (mut o, mut e) = (String::new(), String::new());
+        let _ = out.read_to_string(&mut o);
+        let _ = err.read_to_string(&mut e);
+        (o, e)
+    });
+    let limit = Duration::from_secs(2 * CLIENT_TIMEOUT_S + 30);
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            break s;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("{} ran past {limit:?}", script.display()));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (stdout, stderr) = reader.join().unwrap();
+    if !status.success() {
+        return Err(format!(
+            "{} failed ({status}); it needs `pip install -r tests/reference/requirements.txt` (openai)\n{stdout}\n{stderr}",
+            script.display()
+        ));
+    }
+    serde_json::from_str(&stdout).map_err(|e| format!("not JSON ({e}): {stdout}"))
+}
+
+/// The /dev/shm segments owned by any of `pids` (names carry the owner's
+/// pid: `<prefix><pid>-<start time>-…`). A live queue's name is unlinked
+/// once every reader attached, so what a death can leave is a queue no
+/// reader attached yet.
+pub fn segments_of(pids: &[u32]) -> Vec<String> {
+    shm_names()
+        .into_iter()
+        .filter(|n| {
+            pids.iter()
+                .any(|p| n.starts_with(&format!("{NAME_PREFIX}{p}-")))
+        })
+        .collect()
+}
