@@ -284,7 +284,7 @@ fn what_races_a_restart_is_sent_once_aborted_or_refused_clearly() {
     drop(aborted);
     let adding = t0.elapsed();
     match client.call_utility("reset_prefix_cache", Value::Null) {
-        Err(EngineCoreError::Utility(why)) => {
+        Err(EngineCoreError::Unavailable(why)) => {
             assert!(why.contains("engine-core process died"), "{why}")
         }
         other => panic!("a utility call during the restart fails clearly: {other:?}"),

@@ -36,6 +36,10 @@ pub enum EngineCoreError {
     /// A utility call failed; the engine carries on.
     #[error("{0}")]
     Utility(String),
+    /// The engine core cannot answer now: its process died while the call
+    /// ran, or is being replaced. The engine carries on; retry shortly.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 /// A handle on a running engine core; cheap to clone, usable from any

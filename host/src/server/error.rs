@@ -112,6 +112,7 @@ impl From<EngineCoreError> for ApiError {
                 ApiError::unavailable(format!("the engine is dead: {msg}"))
             }
             EngineCoreError::Utility(msg) => ApiError::bad_request(None, msg),
+            EngineCoreError::Unavailable(msg) => ApiError::unavailable(msg),
         }
     }
 }
@@ -175,6 +176,12 @@ mod tests {
         assert_eq!(
             ApiError::from(EngineCoreError::Rejected("x".into())).status,
             StatusCode::BAD_REQUEST
+        );
+        // A call an engine-core restart interrupted is the server's
+        // trouble, and passes: not the caller's mistake.
+        assert_eq!(
+            ApiError::from(EngineCoreError::Unavailable("x".into())).status,
+            StatusCode::SERVICE_UNAVAILABLE
         );
     }
 }

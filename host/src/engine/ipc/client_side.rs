@@ -32,7 +32,7 @@ use crate::engine::shared::{Liveness, Shared, StreamItem};
 use crate::message_queue::{MessageQueue, QueueError};
 
 /// Callers waiting for utility answers, by call number.
-pub(super) type Pending = Arc<Mutex<HashMap<u64, SyncSender<Result<Value, String>>>>>;
+pub(super) type Pending = Arc<Mutex<HashMap<u64, SyncSender<Result<Value, EngineCoreError>>>>>;
 
 /// How long an aborting shutdown waits for the process before SIGKILL.
 const ABORT_GRACE: Duration = Duration::from_secs(5);
@@ -202,13 +202,13 @@ impl ProcessTransport {
             lock(&self.pending).insert(call_id, tx);
             if let Err(e) = conn.input.enqueue(&msg, None) {
                 lock(&self.pending).remove(&call_id);
-                return Err(EngineCoreError::Utility(format!(
+                return Err(EngineCoreError::Unavailable(format!(
                     "`{method}` could not be sent to the engine-core process: {e}"
                 )));
             }
         }
         match rx.recv() {
-            Ok(result) => result.map_err(EngineCoreError::Utility),
+            Ok(result) => result,
             // Dropped unanswered: the transport is going away.
             Err(_) => Err(self.not_connected()),
         }
@@ -218,7 +218,7 @@ impl ProcessTransport {
     /// being replaced.
     fn not_connected(&self) -> EngineCoreError {
         match self.shared.liveness() {
-            Liveness::Alive => EngineCoreError::Utility(
+            Liveness::Alive => EngineCoreError::Unavailable(
                 "the engine-core process died and is being restarted; try again once it is back"
                     .into(),
             ),

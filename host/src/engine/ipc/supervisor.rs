@@ -18,6 +18,7 @@ use super::client_side::{lock, Conn, Counts, Link, Pending};
 use super::launch::{self, Launched};
 use super::{ClientMessage, CoreMessage};
 use crate::config::EngineConfig;
+use crate::engine::client::EngineCoreError;
 use crate::engine::restart::RestartBudget;
 use crate::engine::shared::{Liveness, Shared};
 use crate::message_queue::{MessageQueue, QueueError};
@@ -109,9 +110,9 @@ impl Supervisor {
     /// Calls still unanswered died with the process: their effect is unknown.
     fn fail_pending(&self, death: &str) {
         for (_, tx) in lock(&self.pending).drain() {
-            let _ = tx.send(Err(format!(
+            let _ = tx.send(Err(EngineCoreError::Unavailable(format!(
                 "{death} while this call ran; whether it took effect is unknown"
-            )));
+            ))));
         }
     }
 
@@ -274,10 +275,12 @@ fn read_outputs(output: &MessageQueue, shared: &Shared, pending: &Pending) {
             }
             Ok(CoreMessage::Rejected { request_id, reason }) => shared.reject(&request_id, reason),
             Ok(CoreMessage::Utility { call_id, result }) => {
-                let result = result.and_then(|text| {
-                    serde_json::from_str(&text)
-                        .map_err(|e| format!("the engine core answered with invalid JSON: {e}"))
-                });
+                let result = result
+                    .and_then(|text| {
+                        serde_json::from_str(&text)
+                            .map_err(|e| format!("the engine core answered with invalid JSON: {e}"))
+                    })
+                    .map_err(EngineCoreError::Utility);
                 if let Some(tx) = lock(pending).remove(&call_id) {
                     let _ = tx.send(result);
                 }
