@@ -48,7 +48,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc, Barrier, Mutex};
+use std::sync::{Arc, Barrier, Mutex};
 use std::time::Instant;
 
 use harness::{chunks, sse_data, Response, REQUEST, STARTUP};
@@ -114,16 +114,7 @@ impl Served {
                 log.push('\n');
             }
         });
-        let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in stdout.lines().map_while(Result::ok) {
-                if let Some(addr) = line.split("http://").nth(1) {
-                    let _ = tx.send(addr.trim().to_string());
-                }
-            }
-        });
-        let Ok(addr) = rx.recv_timeout(STARTUP) else {
+        let Ok(addr) = harness::listening_address(&mut child).recv_timeout(STARTUP) else {
             let _ = child.kill();
             panic!(
                 "host serve exited or printed no address within {STARTUP:?}:\n{}",

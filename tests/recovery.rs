@@ -23,11 +23,10 @@ mod harness;
 #[path = "server/kill.rs"]
 mod kill;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -80,16 +79,7 @@ impl Served {
             .stderr(std::fs::File::create(&log).expect("the log file"))
             .spawn()
             .expect("spawn host serve");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(addr) = line.split("http://").nth(1) {
-                    let _ = tx.send(addr.trim().to_string());
-                }
-            }
-        });
-        let addr = match rx.recv_timeout(harness::STARTUP) {
+        let addr = match harness::listening_address(&mut child).recv_timeout(harness::STARTUP) {
             Ok(addr) => addr,
             Err(_) => {
                 let _ = child.kill();

@@ -52,16 +52,7 @@ impl Server {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn host serve");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(addr) = line.split("http://").nth(1) {
-                    let _ = tx.send(addr.trim().to_string());
-                }
-            }
-        });
-        let addr = match rx.recv_timeout(STARTUP) {
+        let addr = match listening_address(&mut child).recv_timeout(STARTUP) {
             Ok(addr) => addr,
             Err(_) => {
                 let _ = child.kill();
@@ -237,6 +228,21 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The address a `host serve` child prints once it listens (`listening on
+/// http://ADDR`), read from its piped stdout by a thread of its own.
+pub fn listening_address(child: &mut Child) -> mpsc::Receiver<String> {
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(addr) = line.split("http://").nth(1) {
+                let _ = tx.send(addr.trim().to_string());
+            }
+        }
+    });
+    rx
 }
 
 /// A parsed HTTP response.

@@ -263,18 +263,18 @@ impl EngineCoreClient {
     }
 
     fn check_alive(&self) -> Result<(), EngineCoreError> {
-        if self.is_alive() {
-            Ok(())
-        } else {
-            Err(self.dead_error())
-        }
+        self.inner
+            .shared
+            .liveness()
+            .stopped_error()
+            .map_or(Ok(()), Err)
     }
 
+    /// Why a message could not reach the engine core: it stopped (or is
+    /// stopping, when the channel closed before the liveness changed).
     fn dead_error(&self) -> EngineCoreError {
-        match self.inner.shared.liveness() {
-            Liveness::Dead(reason) => EngineCoreError::Dead(reason),
-            _ => EngineCoreError::Dead("the engine was shut down".into()),
-        }
+        let stopped = self.inner.shared.liveness().stopped_error();
+        stopped.unwrap_or_else(|| EngineCoreError::Dead("the engine was shut down".into()))
     }
 }
 

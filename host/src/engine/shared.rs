@@ -26,6 +26,17 @@ pub(crate) enum Liveness {
     Dead(String),
 }
 
+impl Liveness {
+    /// What a call gets once the engine stopped; `None` while it is alive.
+    pub(crate) fn stopped_error(&self) -> Option<EngineCoreError> {
+        match self {
+            Liveness::Alive => None,
+            Liveness::Stopped => Some(EngineCoreError::Dead("the engine was shut down".into())),
+            Liveness::Dead(reason) => Some(EngineCoreError::Dead(reason.clone())),
+        }
+    }
+}
+
 /// A live request's stream.
 struct Entry {
     /// The client's id, which the outputs carry back.
@@ -104,12 +115,8 @@ impl Shared {
         replay: Option<bool>,
     ) -> Result<String, EngineCoreError> {
         let mut streams = lock(&self.streams);
-        match self.liveness() {
-            Liveness::Alive => {}
-            Liveness::Stopped => {
-                return Err(EngineCoreError::Dead("the engine was shut down".into()))
-            }
-            Liveness::Dead(reason) => return Err(EngineCoreError::Dead(reason)),
+        if let Some(stopped) = self.liveness().stopped_error() {
+            return Err(stopped);
         }
         if streams.by_client.contains_key(&req.request_id) {
             return Err(EngineCoreError::Rejected(format!(

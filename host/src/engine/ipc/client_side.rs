@@ -28,7 +28,7 @@ use super::{ClientMessage, EngineCoreRestarts};
 use crate::config::EngineConfig;
 use crate::engine::client::EngineCoreError;
 use crate::engine::core::EngineCoreRequest;
-use crate::engine::shared::{Liveness, Shared, StreamItem};
+use crate::engine::shared::{Shared, StreamItem};
 use crate::message_queue::{MessageQueue, QueueError};
 
 /// Callers waiting for utility answers, by call number.
@@ -217,14 +217,12 @@ impl ProcessTransport {
     /// Why nothing can be sent now: the engine stopped, or its process is
     /// being replaced.
     fn not_connected(&self) -> EngineCoreError {
-        match self.shared.liveness() {
-            Liveness::Alive => EngineCoreError::Unavailable(
+        self.shared.liveness().stopped_error().unwrap_or_else(|| {
+            EngineCoreError::Unavailable(
                 "the engine-core process died and is being restarted; try again once it is back"
                     .into(),
-            ),
-            Liveness::Stopped => EngineCoreError::Dead("the engine was shut down".into()),
-            Liveness::Dead(reason) => EngineCoreError::Dead(reason),
-        }
+            )
+        })
     }
 
     /// Stops the process: asks it to drain or abort, waits for it (an
