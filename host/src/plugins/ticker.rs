@@ -53,9 +53,12 @@ impl Ticker {
                     if idle_ticks >= linger_ticks {
                         // Publish the intent to park, then look again: a call
                         // that began meanwhile either is seen here or sees
-                        // `parked` and unparks us (both are SeqCst).
+                        // `parked` and unparks us (both are SeqCst). Park
+                        // until a call is in flight: `park` also returns for
+                        // a stale token, left by a call that unparked us
+                        // while we were still ticking, and spuriously.
                         state.parked.store(true, Ordering::SeqCst);
-                        if state.in_flight.load(Ordering::SeqCst) == 0 {
+                        while state.in_flight.load(Ordering::SeqCst) == 0 {
                             std::thread::park();
                         }
                         state.parked.store(false, Ordering::SeqCst);
@@ -144,6 +147,26 @@ mod tests {
                 ticks.load(Ordering::Relaxed) >= parked_at + 3
             })
         });
+    }
+
+    #[test]
+    fn a_wake_up_sent_while_ticking_does_not_restart_the_ticker_later() {
+        let (ticker, ticks) = counting();
+        ticker.during(|| {
+            eventually("the ticker runs", || ticks.load(Ordering::Relaxed) >= 3);
+            // What a call does when it starts just as the ticker reported
+            // parked but before it parked: a token that outlives the call.
+            ticker.thread.unpark();
+        });
+        let call_ended_at = ticks.load(Ordering::Relaxed);
+        // One linger is 50 ticks; a ticker woken by the stale token would
+        // linger a second time, 100 in all, given the time to.
+        std::thread::sleep(LINGER * 6);
+        let after = ticks.load(Ordering::Relaxed) - call_ended_at;
+        assert!(
+            after <= 60,
+            "{after} ticks after the last call: the stale wake-up restarted the ticker"
+        );
     }
 
     #[test]
