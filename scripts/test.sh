@@ -3,6 +3,11 @@
 # This is README's second command and exactly what CI runs (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A run builds once from scratch: incremental compilation's caches would
+# only take disk (about 2 GiB of the 6 the test build needs), which a CI
+# machine may be short of. Say how much there is, for when it runs out.
+export CARGO_INCREMENTAL=0
+df -h . | tail -1 | awk '{print "disk: " $4 " free of " $2}'
 
 # The WebAssembly target the plugins are built for, and the lint tools.
 rustup target add wasm32-wasip2
