@@ -168,6 +168,14 @@ impl Default for CacheConfig {
 pub struct ParallelConfig {
     /// Workers the attention heads and the MLP are sharded over.
     pub tensor_parallel_size: usize,
+    /// Engine cores behind one API server (`host serve`), each with its
+    /// own workers, KV cache and share of the cores; the server sends each
+    /// request to the one with the best prefix-cache match and least load.
+    pub data_parallel_size: usize,
+    /// This engine core's place among them: set by the API server for each
+    /// engine-core process it starts (it offsets the KV-event ports and
+    /// picks the cores); leave it at 0.
+    pub data_parallel_rank: usize,
     /// The executor backend: `uni` (worker in the engine process) or `mp`
     /// (one worker process per rank).
     pub distributed_executor_backend: String,
@@ -188,6 +196,8 @@ impl Default for ParallelConfig {
     fn default() -> Self {
         ParallelConfig {
             tensor_parallel_size: 1,
+            data_parallel_size: 1,
+            data_parallel_rank: 0,
             distributed_executor_backend: "uni".into(),
             worker_executable: None,
             worker_start_timeout_s: 600.0,
@@ -599,6 +609,11 @@ pub enum ConfigError {
     },
 }
 
+/// The most engine cores one API server starts (`parallel.data_parallel_size`):
+/// each is a process that loads the model, and past a few per machine they
+/// only share the same cores.
+pub const MAX_DATA_PARALLEL_SIZE: usize = 64;
+
 /// The executor backends known to this build.
 pub const EXECUTOR_BACKENDS: &[&str] = &["uni", "mp"];
 
@@ -685,6 +700,32 @@ impl EngineConfig {
         self.kv_events.validate()?;
         if self.parallel.tensor_parallel_size == 0 {
             return invalid("parallel.tensor_parallel_size", "must be at least 1".into());
+        }
+        let dp = self.parallel.data_parallel_size;
+        if !(1..=MAX_DATA_PARALLEL_SIZE).contains(&dp) {
+            return invalid(
+                "parallel.data_parallel_size",
+                format!("must be between 1 and {MAX_DATA_PARALLEL_SIZE}, got {dp}"),
+            );
+        }
+        if self.parallel.data_parallel_rank >= dp {
+            return invalid(
+                "parallel.data_parallel_rank",
+                format!(
+                    "is {}, but ranks run from 0 to data_parallel_size - 1 ({})",
+                    self.parallel.data_parallel_rank,
+                    dp - 1
+                ),
+            );
+        }
+        if dp > 1 && !self.server.engine_core_process {
+            return invalid(
+                "parallel.data_parallel_size",
+                format!(
+                    "is {dp}, which runs each engine core in its own process: \
+                     set server.engine_core_process = true"
+                ),
+            );
         }
         let seconds = [
             (
@@ -946,11 +987,31 @@ mod tests {
             "parallel.execute_model_timeout_s=0",
             "parallel.worker_shutdown_timeout_s=-1",
             "parallel.worker_start_timeout_s=nan",
+            "parallel.data_parallel_size=0",
+            "parallel.data_parallel_size=65",
+            "parallel.data_parallel_rank=1",
         ] {
             assert!(
                 EngineConfig::load(None, &[item.to_string()]).is_err(),
                 "{item}"
             );
         }
+    }
+
+    #[test]
+    fn data_parallelism_needs_engine_core_processes() {
+        let items = [
+            "parallel.data_parallel_size=2",
+            "server.engine_core_process=false",
+        ]
+        .map(String::from);
+        let msg = EngineConfig::load(None, &items).unwrap_err().to_string();
+        assert!(
+            msg.contains("parallel.data_parallel_size")
+                && msg.contains("engine_core_process = true"),
+            "{msg}"
+        );
+        let two = EngineConfig::load(None, &items[..1]).unwrap();
+        assert_eq!(two.parallel.data_parallel_size, 2);
     }
 }

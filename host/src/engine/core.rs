@@ -15,6 +15,7 @@ use super::kv_events::KvEventPublisher;
 
 mod recovery;
 mod utility;
+use crate::kv_cache::KvCacheEvent;
 use crate::sampling::SamplingParams;
 use crate::scheduler::{
     FinishReason, Request, RequestOutput, Scheduler, SchedulerError, SchedulerStats,
@@ -129,6 +130,9 @@ pub struct EngineCore {
     restart: Option<recovery::WorkerRestart>,
     /// Where the prefix cache's events go (`[kv_events]`).
     kv_events: Option<KvEventPublisher>,
+    /// The same events kept for the API server's data-parallel router,
+    /// which takes them with each step's outputs; `None` without one.
+    routed_events: Option<Vec<KvCacheEvent>>,
 }
 
 impl EngineCore {
@@ -149,6 +153,7 @@ impl EngineCore {
             started: Instant::now(),
             restart: None,
             kv_events: None,
+            routed_events: None,
         }
     }
 
@@ -171,10 +176,34 @@ impl EngineCore {
         self
     }
 
-    /// Hands the events recorded since the last call to the publisher.
+    /// Keeps the prefix cache's events for a data-parallel router (see
+    /// [`EngineCore::take_routed_events`]).
+    pub fn with_routed_kv_events(mut self) -> EngineCore {
+        self.scheduler.enable_kv_events();
+        self.routed_events = Some(Vec::new());
+        self
+    }
+
+    /// The events kept for the router since the last call.
+    pub fn take_routed_events(&mut self) -> Vec<KvCacheEvent> {
+        self.routed_events
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// Hands the events recorded since the last call to the publisher and
+    /// the router.
     fn flush_kv_events(&mut self) {
+        if self.kv_events.is_none() && self.routed_events.is_none() {
+            return;
+        }
+        let events = self.scheduler.take_kv_events();
+        if let Some(routed) = &mut self.routed_events {
+            routed.extend_from_slice(&events);
+        }
         if let Some(publisher) = &mut self.kv_events {
-            publisher.publish(self.scheduler.take_kv_events());
+            publisher.publish(events);
         }
     }
 
@@ -355,7 +384,7 @@ impl EngineCore {
 }
 
 /// Counters for the metrics endpoint.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct EngineStats {
     /// Running / waiting counts, KV usage, prefix-cache hits, preemptions.
     pub scheduler: SchedulerStats,

@@ -31,6 +31,7 @@ use serde_json::Value;
 
 use super::core::{EngineCore, EngineCoreOutput, EngineCoreRequest, EngineError, EngineStats};
 use super::shared::Shared;
+use crate::kv_cache::KvCacheEvent;
 
 /// How often an idle busy loop checks that its workers are alive: with the
 /// worker monitor's own poll, a death is seen well within the second the
@@ -71,8 +72,9 @@ pub(crate) enum UtilityReply {
 
 /// What the busy loop hands the output thread.
 pub(crate) enum CoreOutput {
-    /// One step's outputs and the counters after it.
-    Step(Vec<EngineCoreOutput>, EngineStats),
+    /// One step's outputs, the counters after it and the prefix cache's
+    /// events for a data-parallel router.
+    Step(Vec<EngineCoreOutput>, EngineStats, Vec<KvCacheEvent>),
     /// The result of a remote client's utility call.
     Utility {
         /// The client's call number.
@@ -145,7 +147,8 @@ pub(crate) fn run_busy_loop(
         }));
         match stepped.unwrap_or_else(|panic| Err(EngineError::Panic(panic_message(&*panic)))) {
             Ok(outs) => {
-                if outputs.send(CoreOutput::Step(outs, core.stats())).is_err() {
+                let step = CoreOutput::Step(outs, core.stats(), core.take_routed_events());
+                if outputs.send(step).is_err() {
                     break Ok(());
                 }
             }
@@ -238,8 +241,9 @@ pub(crate) fn run_output_thread(outputs: Receiver<CoreOutput>, shared: &Shared) 
     let mut died = None;
     for msg in outputs {
         match msg {
-            CoreOutput::Step(outs, stats) => {
+            CoreOutput::Step(outs, stats, events) => {
                 shared.publish_stats(stats);
+                shared.record_kv_events(events);
                 shared.dispatch(outs);
             }
             CoreOutput::Rejected { request_id, reason } => shared.reject(&request_id, reason),

@@ -273,3 +273,69 @@ fn encode_event(w: &mut Vec<u8>, event: &KvCacheEvent) {
         }
     }
 }
+
+/// `config` as data-parallel rank `rank` binds it: every engine core has its
+/// own sockets, at the configured TCP port plus its rank, or the `ipc://`
+/// path with `_dp<rank>` appended (what vLLM does), so subscribers find
+/// rank `r` at a port they can compute.
+pub fn for_rank(config: &KvEventsConfig, rank: usize) -> anyhow::Result<KvEventsConfig> {
+    let mut config = config.clone();
+    config.endpoint = offset_endpoint(&config.endpoint, rank)
+        .with_context(|| format!("kv_events.endpoint `{}`", config.endpoint))?;
+    if let Some(replay) = &config.replay_endpoint {
+        config.replay_endpoint = Some(
+            offset_endpoint(replay, rank)
+                .with_context(|| format!("kv_events.replay_endpoint `{replay}`"))?,
+        );
+    }
+    Ok(config)
+}
+
+fn offset_endpoint(endpoint: &str, rank: usize) -> anyhow::Result<String> {
+    if rank == 0 {
+        return Ok(endpoint.to_string());
+    }
+    if let Some((address, port)) = endpoint
+        .strip_prefix("tcp://")
+        .and_then(|rest| rest.rsplit_once(':'))
+    {
+        let port: u16 = port
+            .parse()
+            .with_context(|| format!("`{port}` is not a port number"))?;
+        let offset = u16::try_from(rank)
+            .ok()
+            .and_then(|rank| port.checked_add(rank))
+            .with_context(|| {
+                format!("port {port} + data-parallel rank {rank} is past 65535; pick a lower port")
+            })?;
+        return Ok(format!("tcp://{address}:{offset}"));
+    }
+    Ok(format!("{endpoint}_dp{rank}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_rank_binds_its_own_port_or_path() {
+        let config = KvEventsConfig {
+            endpoint: "tcp://*:5557".into(),
+            replay_endpoint: Some("ipc:///tmp/replay".into()),
+            ..KvEventsConfig::default()
+        };
+        assert_eq!(for_rank(&config, 0).unwrap(), config);
+        let rank2 = for_rank(&config, 2).unwrap();
+        assert_eq!(rank2.endpoint, "tcp://*:5559");
+        assert_eq!(
+            rank2.replay_endpoint.as_deref(),
+            Some("ipc:///tmp/replay_dp2")
+        );
+        let high = KvEventsConfig {
+            endpoint: "tcp://127.0.0.1:65535".into(),
+            ..KvEventsConfig::default()
+        };
+        let err = format!("{:#}", for_rank(&high, 1).unwrap_err());
+        assert!(err.contains("past 65535"), "{err}");
+    }
+}

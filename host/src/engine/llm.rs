@@ -81,6 +81,12 @@ pub struct Llm {
 impl Llm {
     /// Loads the model and starts the engine the configuration describes.
     pub fn new(config: &EngineConfig) -> anyhow::Result<Llm> {
+        anyhow::ensure!(
+            config.parallel.data_parallel_size == 1,
+            "parallel.data_parallel_size is {}, but the offline engine runs one engine core; \
+             serve the model (`host serve`) for data parallelism, or set it to 1",
+            config.parallel.data_parallel_size
+        );
         let (core, tokenizer) = startup::build_engine_core(config)?;
         Ok(Llm {
             core,

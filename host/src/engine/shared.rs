@@ -11,6 +11,7 @@ use tokio::sync::{mpsc, watch};
 use super::client::EngineCoreError;
 use super::core::{EngineCoreOutput, EngineCoreRequest, EngineStats};
 use super::ipc::Replay;
+use crate::kv_cache::KvCacheEvent;
 
 /// One item of a request's output stream.
 pub(crate) type StreamItem = Result<EngineCoreOutput, EngineCoreError>;
@@ -80,6 +81,9 @@ struct Stats {
 pub(crate) struct Shared {
     streams: Mutex<Streams>,
     stats: Mutex<Stats>,
+    /// The prefix cache's events since the data-parallel router last took
+    /// them (only an engine core with a router sends any).
+    kv_events: Mutex<Vec<KvCacheEvent>>,
     liveness: watch::Sender<Liveness>,
 }
 
@@ -97,6 +101,7 @@ impl Shared {
                 latest: initial,
                 base: None,
             }),
+            kv_events: Mutex::new(Vec::new()),
             liveness: watch::channel(Liveness::Alive).0,
         }
     }
@@ -152,6 +157,11 @@ impl Shared {
             streams.remove(id);
         }
         internal
+    }
+
+    /// Whether a request with this client id is live.
+    pub(crate) fn has_client_id(&self, request_id: &str) -> bool {
+        lock(&self.streams).by_client.contains_key(request_id)
     }
 
     /// Forgets a stream by internal id; true if it was live.
@@ -242,10 +252,24 @@ impl Shared {
         lock(&self.stats).latest = stats;
     }
 
+    /// Keeps a step's prefix-cache events for the router.
+    pub(crate) fn record_kv_events(&self, events: Vec<KvCacheEvent>) {
+        if !events.is_empty() {
+            lock(&self.kv_events).extend(events);
+        }
+    }
+
+    /// The prefix-cache events recorded since the last call.
+    pub(crate) fn take_kv_events(&self) -> Vec<KvCacheEvent> {
+        std::mem::take(&mut *lock(&self.kv_events))
+    }
+
     /// A new engine-core process replaced a dead one: the dead one's
     /// counters become the base the new one's count on from, and `initial`
     /// (the new process's) is the latest.
     pub(crate) fn carry_over(&self, initial: EngineStats) {
+        // The new process starts with an empty prefix cache.
+        lock(&self.kv_events).push(KvCacheEvent::AllBlocksCleared);
         let mut stats = lock(&self.stats);
         let dead = std::mem::replace(&mut stats.latest, initial);
         match stats.base.as_mut() {
@@ -285,4 +309,25 @@ fn add_counters(into: &mut EngineStats, from: &EngineStats) {
     into.num_generation_tokens += from.num_generation_tokens;
     into.num_worker_restarts += from.num_worker_restarts;
     into.num_worker_replayed_requests += from.num_worker_replayed_requests;
+}
+
+/// Several engines' counters as one: counters and request gauges summed,
+/// the KV cache's usage averaged over the ranks' (equal) caches, the cache
+/// configuration and the latest step's timings rank 0's, with every
+/// rank's blocks.
+pub(crate) fn sum_engines(ranks: &[EngineStats]) -> EngineStats {
+    let Some((first, rest)) = ranks.split_first() else {
+        return EngineStats::default();
+    };
+    let mut total = first.clone();
+    for r in rest {
+        add_counters(&mut total, r);
+        let (s, f) = (&mut total.scheduler, &r.scheduler);
+        s.num_running += f.num_running;
+        s.num_waiting += f.num_waiting;
+        s.kv_cache_usage += f.kv_cache_usage;
+        s.cache_config.num_blocks += f.cache_config.num_blocks;
+    }
+    total.scheduler.kv_cache_usage /= ranks.len() as f64;
+    total
 }

@@ -15,7 +15,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::core::{EngineCore, Respawn, Respawned};
 use super::executor::{executor_for, Executor, MultiprocExecutor, UniProcExecutor};
-use super::kv_events::KvEventPublisher;
+use super::kv_events::{self, KvEventPublisher};
 use crate::config::EngineConfig;
 use crate::model::gguf::GgufFile;
 use crate::scheduler::{Scheduler, SchedulerConfig};
@@ -99,8 +99,10 @@ pub fn build_engine_core(config: &EngineConfig) -> anyhow::Result<(EngineCore, T
     )?;
     let mut core =
         EngineCore::new(scheduler, executor).with_async_scheduling(sched.async_scheduling);
+    let rank = config.parallel.data_parallel_rank;
     if config.kv_events.enabled() {
-        core = core.with_kv_events(KvEventPublisher::start(&config.kv_events, 0)?);
+        let kv_events = kv_events::for_rank(&config.kv_events, rank)?;
+        core = core.with_kv_events(KvEventPublisher::start(&kv_events, u32::try_from(rank)?)?);
     }
     let eos = tokenizer.eos_token_id();
     if let Some(respawn) = respawn_workers(config, eos, vocabulary, num_blocks) {

@@ -4,7 +4,7 @@
 //! so the hot path pays one branch when they are off.
 
 /// One change to the set of cached blocks.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum KvCacheEvent {
     /// Full blocks, consecutive in one request, entered the prefix cache.
     BlockStored {

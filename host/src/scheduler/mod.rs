@@ -43,7 +43,7 @@ use crate::kv_cache::{KVCacheManager, PrefixCacheStats};
 use crate::step::ReqHandle;
 
 /// Counters and gauges for logging and the metrics endpoint.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SchedulerStats {
     /// Requests in the running batch.
     pub num_running: usize,

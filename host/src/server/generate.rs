@@ -149,19 +149,26 @@ impl Sequence {
                 }
             }
             let itls = &self.state.metrics().inter_token_latencies_s;
-            app.metrics.observe_itl(&itls[self.itl_seen..]);
+            app.metrics
+                .observe_itl(self.stream.rank(), &itls[self.itl_seen..]);
             self.itl_seen = itls.len();
             if let Some(finish) = &delta.finish {
                 if let Some(error) = &finish.error {
                     // The engine failed this request (a plugin fault): a 500,
                     // or an error event once a stream's headers are sent.
-                    app.metrics
-                        .observe_finished(self.state.metrics(), &finish.finish_reason);
+                    app.metrics.observe_finished(
+                        self.stream.rank(),
+                        self.state.metrics(),
+                        &finish.finish_reason,
+                    );
                     return Some(Err(self.fail(ApiError::internal(error.clone()))));
                 }
                 self.done = true;
-                app.metrics
-                    .observe_finished(self.state.metrics(), &finish.finish_reason);
+                app.metrics.observe_finished(
+                    self.stream.rank(),
+                    self.state.metrics(),
+                    &finish.finish_reason,
+                );
                 if out.finish_reason.is_none() {
                     // A stop string ended it here; the engine core still runs it.
                     app.client

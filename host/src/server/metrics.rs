@@ -61,8 +61,9 @@ impl Histogram {
         self.sum += v;
     }
 
-    fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+    /// The series under `labels` (the family's HELP and TYPE lines are
+    /// the caller's).
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
         let mut cumulative = 0;
         for (i, c) in self.counts.iter().enumerate() {
             cumulative += c;
@@ -88,20 +89,26 @@ struct Measured {
 }
 
 /// The server's metrics: histograms it measures, rendered together with the
-/// engine core's counters.
+/// engine cores' counters; every series once per data-parallel rank (the
+/// `engine` label, as in vLLM).
 #[derive(Debug)]
 pub struct Metrics {
     model_name: String,
-    measured: Mutex<Measured>,
+    /// By rank.
+    measured: Vec<Mutex<Measured>>,
+}
+
+/// One metric family's header.
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
 impl Metrics {
     /// Empty metrics for the model served as `model_name` (a label on every
-    /// series, as in vLLM).
-    pub fn new(model_name: &str) -> Metrics {
-        Metrics {
-            model_name: model_name.to_string(),
-            measured: Mutex::new(Measured {
+    /// series, as in vLLM) by `num_ranks` data-parallel engine cores.
+    pub fn new(model_name: &str, num_ranks: usize) -> Metrics {
+        let measured = (0..num_ranks.max(1)).map(|_| {
+            Mutex::new(Measured {
                 ttft: Histogram::new(TTFT_BUCKETS),
                 itl: Histogram::new(ITL_BUCKETS),
                 e2e: Histogram::new(E2E_BUCKETS),
@@ -109,28 +116,34 @@ impl Metrics {
                     .iter()
                     .map(|r| (r.to_string(), 0))
                     .collect(),
-            }),
+            })
+        });
+        Metrics {
+            model_name: model_name.to_string(),
+            measured: measured.collect(),
         }
     }
 
-    fn measured(&self) -> std::sync::MutexGuard<'_, Measured> {
+    fn measured(&self, rank: usize) -> std::sync::MutexGuard<'_, Measured> {
+        let m = &self.measured[rank.min(self.measured.len() - 1)];
         // A panic while holding the lock cannot leave the counters torn
         // beyond one observation; keep serving them.
-        self.measured.lock().unwrap_or_else(|p| p.into_inner())
+        m.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records inter-token latencies as they arrive.
-    pub fn observe_itl(&self, latencies_s: &[f64]) {
-        let mut m = self.measured();
+    /// Records inter-token latencies of a request rank `rank` served, as
+    /// they arrive.
+    pub fn observe_itl(&self, rank: usize, latencies_s: &[f64]) {
+        let mut m = self.measured(rank);
         for &v in latencies_s {
             m.itl.observe(v);
         }
     }
 
-    /// Records a finished request: its time to first token, end-to-end
-    /// latency and finish reason.
-    pub fn observe_finished(&self, metrics: &RequestMetrics, finish_reason: &str) {
-        let mut m = self.measured();
+    /// Records a finished request of rank `rank`: its time to first token,
+    /// end-to-end latency and finish reason.
+    pub fn observe_finished(&self, rank: usize, metrics: &RequestMetrics, finish_reason: &str) {
+        let mut m = self.measured(rank);
         if let Some(t) = metrics.time_to_first_token_s {
             m.ttft.observe(t);
         }
@@ -140,135 +153,154 @@ impl Metrics {
         *m.success.entry(finish_reason.to_string()).or_default() += 1;
     }
 
-    /// The Prometheus text exposition of everything.
-    pub fn render(&self, stats: &EngineStats, restarts: &EngineCoreRestarts) -> String {
-        let labels = format!("model_name=\"{}\",engine=\"0\"", escape(&self.model_name));
+    /// The Prometheus text exposition of everything, given each rank's
+    /// counters and engine-core restarts.
+    pub fn render(&self, ranks: &[(EngineStats, EngineCoreRestarts)]) -> String {
+        let model = escape(&self.model_name);
+        let labels: Vec<String> = (0..ranks.len().max(self.measured.len()))
+            .map(|rank| format!("model_name=\"{model}\",engine=\"{rank}\""))
+            .collect();
         let mut out = String::with_capacity(8 << 10);
-        let s = &stats.scheduler;
-        let gauges: [(&str, &str, f64); 3] = [
+        type Gauge = fn(&EngineStats) -> f64;
+        let gauges: [(&str, &str, Gauge); 3] = [
             (
                 "vllm:num_requests_running",
                 "Requests in the running batch.",
-                s.num_running as f64,
+                |s| s.scheduler.num_running as f64,
             ),
             (
                 "vllm:num_requests_waiting",
                 "Requests waiting to be scheduled.",
-                s.num_waiting as f64,
+                |s| s.scheduler.num_waiting as f64,
             ),
             (
                 "vllm:kv_cache_usage_perc",
                 "KV-cache usage; 1 means 100 percent.",
-                s.kv_cache_usage,
+                |s| s.scheduler.kv_cache_usage,
             ),
         ];
-        for (name, help, v) in gauges {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{labels}}} {v}"
-            );
+        for (name, help, value) in gauges {
+            header(&mut out, name, "gauge", help);
+            for ((stats, _), labels) in ranks.iter().zip(&labels) {
+                let _ = writeln!(out, "{name}{{{labels}}} {}", value(stats));
+            }
         }
         // vLLM's info gauge, which routers (GAIE's model-server protocol)
         // read the block size from: its labels carry the values.
-        let c = s.cache_config;
-        let _ = writeln!(
-            out,
-            "# HELP vllm:cache_config_info Information of the KV cache's configuration.\n\
-             # TYPE vllm:cache_config_info gauge\n\
-             vllm:cache_config_info{{{labels},block_size=\"{}\",num_gpu_blocks=\"{}\",\
-             enable_prefix_caching=\"{}\",cache_dtype=\"auto\"}} 1",
-            c.block_size,
-            c.num_blocks,
-            if c.enable_prefix_caching {
-                "True"
-            } else {
-                "False"
-            }
+        header(
+            &mut out,
+            "vllm:cache_config_info",
+            "gauge",
+            "Information of the KV cache's configuration.",
         );
-        let counters: [(&str, &str, u64); 9] = [
+        for ((stats, _), labels) in ranks.iter().zip(&labels) {
+            let c = stats.scheduler.cache_config;
+            let _ = writeln!(
+                out,
+                "vllm:cache_config_info{{{labels},block_size=\"{}\",num_gpu_blocks=\"{}\",\
+                 enable_prefix_caching=\"{}\",cache_dtype=\"auto\"}} 1",
+                c.block_size,
+                c.num_blocks,
+                if c.enable_prefix_caching {
+                    "True"
+                } else {
+                    "False"
+                }
+            );
+        }
+        type Counter = fn(&EngineStats, &EngineCoreRestarts) -> u64;
+        let counters: [(&str, &str, Counter); 9] = [
             (
                 "vllm:prompt_tokens_total",
                 "Prompt tokens admitted.",
-                stats.num_prompt_tokens,
+                |s, _| s.num_prompt_tokens,
             ),
             (
                 "vllm:generation_tokens_total",
                 "Tokens generated.",
-                stats.num_generation_tokens,
+                |s, _| s.num_generation_tokens,
             ),
             (
                 "vllm:prefix_cache_queries_total",
                 "Prompt tokens looked up in the prefix cache.",
-                s.prefix_cache.queries,
+                |s, _| s.scheduler.prefix_cache.queries,
             ),
             (
                 "vllm:prefix_cache_hits_total",
                 "Prompt tokens found in the prefix cache.",
-                s.prefix_cache.hits,
+                |s, _| s.scheduler.prefix_cache.hits,
             ),
-            (
-                "vllm:num_preemptions_total",
-                "Preemptions.",
-                s.num_preemptions,
-            ),
+            ("vllm:num_preemptions_total", "Preemptions.", |s, _| {
+                s.scheduler.num_preemptions
+            }),
             (
                 "vllm:engine_core_restarts_total",
                 "Engine-core processes started to replace a dead one.",
-                restarts.restarts,
+                |_, r| r.restarts,
             ),
             (
                 "vllm:engine_core_replayed_requests_total",
                 "Unfinished requests resubmitted to a restarted engine-core process.",
-                restarts.replayed_requests,
+                |_, r| r.replayed_requests,
             ),
             (
                 "vllm:worker_restarts_total",
                 "Worker groups started to replace a dead one.",
-                stats.num_worker_restarts,
+                |s, _| s.num_worker_restarts,
             ),
             (
                 "vllm:worker_replayed_requests_total",
                 "Requests replayed by recompute on a restarted worker group.",
-                stats.num_worker_replayed_requests,
+                |s, _| s.num_worker_replayed_requests,
             ),
         ];
-        for (name, help, v) in counters {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{labels}}} {v}"
-            );
+        for (name, help, value) in counters {
+            header(&mut out, name, "counter", help);
+            for ((stats, restarts), labels) in ranks.iter().zip(&labels) {
+                let _ = writeln!(out, "{name}{{{labels}}} {}", value(stats, restarts));
+            }
         }
-        let m = self.measured();
+        let measured: Vec<_> = (0..self.measured.len()).map(|r| self.measured(r)).collect();
         let name = "vllm:request_success_total";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Finished requests by finish reason.\n# TYPE {name} counter"
+        header(
+            &mut out,
+            name,
+            "counter",
+            "Finished requests by finish reason.",
         );
-        for (reason, n) in &m.success {
-            let _ = writeln!(
-                out,
-                "{name}{{{labels},finished_reason=\"{}\"}} {n}",
-                escape(reason)
-            );
+        for (m, labels) in measured.iter().zip(&labels) {
+            for (reason, n) in &m.success {
+                let _ = writeln!(
+                    out,
+                    "{name}{{{labels},finished_reason=\"{}\"}} {n}",
+                    escape(reason)
+                );
+            }
         }
-        m.ttft.render(
-            &mut out,
-            "vllm:time_to_first_token_seconds",
-            "Time to first token.",
-            &labels,
-        );
-        m.itl.render(
-            &mut out,
-            "vllm:inter_token_latency_seconds",
-            "Time between output tokens.",
-            &labels,
-        );
-        m.e2e.render(
-            &mut out,
-            "vllm:e2e_request_latency_seconds",
-            "End-to-end request latency.",
-            &labels,
-        );
+        type Pick = fn(&Measured) -> &Histogram;
+        let histograms: [(&str, &str, Pick); 3] = [
+            (
+                "vllm:time_to_first_token_seconds",
+                "Time to first token.",
+                |m| &m.ttft,
+            ),
+            (
+                "vllm:inter_token_latency_seconds",
+                "Time between output tokens.",
+                |m| &m.itl,
+            ),
+            (
+                "vllm:e2e_request_latency_seconds",
+                "End-to-end request latency.",
+                |m| &m.e2e,
+            ),
+        ];
+        for (name, help, pick) in histograms {
+            header(&mut out, name, "histogram", help);
+            for (m, labels) in measured.iter().zip(&labels) {
+                pick(m).render(&mut out, name, labels);
+            }
+        }
         out
     }
 }
@@ -305,7 +337,7 @@ mod tests {
             h.observe(v);
         }
         let mut out = String::new();
-        h.render(&mut out, "x", "help", "a=\"b\"");
+        h.render(&mut out, "x", "a=\"b\"");
         assert!(out.contains("x_bucket{a=\"b\",le=\"0.1\"} 2\n"), "{out}");
         assert!(out.contains("x_bucket{a=\"b\",le=\"1.0\"} 3\n"), "{out}");
         assert!(out.contains("x_bucket{a=\"b\",le=\"+Inf\"} 4\n"), "{out}");
@@ -315,14 +347,15 @@ mod tests {
 
     #[test]
     fn renders_vllm_series() {
-        let m = Metrics::new("m\"x");
+        let m = Metrics::new("m\"x", 2);
         let rm = RequestMetrics {
             time_to_first_token_s: Some(0.2),
             inter_token_latencies_s: vec![],
             e2e_latency_s: Some(1.2),
         };
-        m.observe_finished(&rm, "length");
-        m.observe_itl(&[0.02, 0.03]);
+        m.observe_finished(0, &rm, "length");
+        m.observe_itl(0, &[0.02, 0.03]);
+        m.observe_finished(1, &rm, "stop");
         let stats = EngineStats {
             scheduler: SchedulerStats {
                 num_running: 3,
@@ -351,7 +384,31 @@ mod tests {
             restarts: 1,
             replayed_requests: 16,
         };
-        let text = m.render(&stats, &restarts);
+        let rank1 = EngineStats {
+            num_prompt_tokens: 7,
+            ..stats.clone()
+        };
+        let text = m.render(&[(stats, restarts), (rank1, EngineCoreRestarts::default())]);
+        let rank1 = "model_name=\"m\\\"x\",engine=\"1\"";
+        for line in [
+            format!("vllm:prompt_tokens_total{{{rank1}}} 7"),
+            format!("vllm:engine_core_restarts_total{{{rank1}}} 0"),
+            format!("vllm:request_success_total{{{rank1},finished_reason=\"stop\"}} 1"),
+            format!("vllm:request_success_total{{{rank1},finished_reason=\"length\"}} 0"),
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing `{line}` in\n{text}"
+            );
+        }
+        // The text format wants each family's lines together, once headed.
+        for family in [
+            "vllm:prompt_tokens_total",
+            "vllm:time_to_first_token_seconds",
+        ] {
+            let heads = text.matches(&format!("# TYPE {family} ")).count();
+            assert_eq!(heads, 1, "{family} headed {heads} times");
+        }
         let labels = "model_name=\"m\\\"x\",engine=\"0\"";
         for line in [
             format!("vllm:num_requests_running{{{labels}}} 3"),

@@ -120,7 +120,7 @@ impl AppState {
         AppState {
             client,
             tokenizer,
-            metrics: Metrics::new(&model_name),
+            metrics: Metrics::new(&model_name, config.parallel.data_parallel_size),
             model_name,
             model_root: config.model.path.display().to_string(),
             plugins,

@@ -84,9 +84,7 @@ async fn health(State(app): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics(State(app): State<Arc<AppState>>) -> Response {
-    let text = app
-        .metrics
-        .render(&app.client.stats(), &app.client.restarts());
+    let text = app.metrics.render(&app.client.stats_by_rank());
     (
         [(
             header::CONTENT_TYPE,

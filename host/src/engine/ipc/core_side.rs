@@ -72,7 +72,11 @@ fn start(
 ) -> anyhow::Result<(crate::engine::EngineCore, MessageQueue, MessageQueue)> {
     let config: EngineConfig =
         toml::from_str(&boot.config_toml).context("the bootstrap's configuration")?;
-    let (core, _tokenizer) = build_engine_core(&config)?;
+    let (mut core, _tokenizer) = build_engine_core(&config)?;
+    if config.parallel.data_parallel_size > 1 {
+        // The API server routes by what each rank's prefix cache holds.
+        core = core.with_routed_kv_events();
+    }
     let output = MessageQueue::new_writer(1, QueueConfig::default())?;
     let input = MessageQueue::create_from_handle(&boot.input_handle, 0)
         .context("attaching to the client's queue")?;
@@ -126,7 +130,7 @@ fn send_outputs(
     let mut died = None;
     for msg in from_core {
         let msg = match msg {
-            CoreOutput::Step(outs, stats) => CoreMessage::Step(outs, stats),
+            CoreOutput::Step(outs, stats, events) => CoreMessage::Step(outs, stats, events),
             CoreOutput::Rejected { request_id, reason } => {
                 CoreMessage::Rejected { request_id, reason }
             }

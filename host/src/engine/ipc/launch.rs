@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
-use super::{Bootstrap, Ready};
+use super::{affinity, Bootstrap, Ready};
 use crate::config::EngineConfig;
 use crate::engine::core::EngineStats;
 use crate::engine::executor::worker_executable;
@@ -51,11 +51,23 @@ pub(super) fn spawn(config: &EngineConfig) -> anyhow::Result<Spawned> {
         config_toml: config.to_toml(),
         input_handle: input.export_handle(),
     };
-    let mut child = Command::new(&exe)
+    let mut command = Command::new(&exe);
+    command
         .arg("engine-core")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::inherit());
+    let parallel = &config.parallel;
+    if parallel.data_parallel_size > 1 {
+        let allowed = affinity::allowed_cores().context("reading this process's CPU affinity")?;
+        let cores = affinity::cores_for_rank(
+            &allowed,
+            parallel.data_parallel_rank,
+            parallel.data_parallel_size,
+        );
+        affinity::pin(&mut command, &cores);
+    }
+    let mut child = command
         .spawn()
         .with_context(|| format!("cannot run {} engine-core", exe.display()))?;
     let (mut stdin, stdout) = (

@@ -17,6 +17,7 @@
 //! `supervisor` its supervisor and reader threads; `replay` what a request
 //! needs to resume in a new process; `core_side` the process.
 
+mod affinity;
 mod client_side;
 mod core_side;
 mod launch;
@@ -26,6 +27,7 @@ mod supervisor;
 use serde::{Deserialize, Serialize};
 
 use super::core::{EngineCoreOutput, EngineCoreRequest, EngineStats};
+use crate::kv_cache::KvCacheEvent;
 use crate::message_queue::Handle;
 
 pub use client_side::ProcessTransport;
@@ -97,8 +99,9 @@ pub enum ClientMessage {
 /// A message from the engine core to the client.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum CoreMessage {
-    /// One step's outputs and the counters after it.
-    Step(Vec<EngineCoreOutput>, EngineStats),
+    /// One step's outputs, the counters after it and the prefix cache's
+    /// events for a data-parallel router.
+    Step(Vec<EngineCoreOutput>, EngineStats, Vec<KvCacheEvent>),
     /// A request the scheduler refused.
     Rejected {
         /// The request (the engine core's id for it).

@@ -269,8 +269,9 @@ pub(super) fn spawn_reader(
 fn read_outputs(output: &MessageQueue, shared: &Shared, pending: &Pending) {
     loop {
         match output.dequeue::<CoreMessage>(None) {
-            Ok(CoreMessage::Step(outs, stats)) => {
+            Ok(CoreMessage::Step(outs, stats, events)) => {
                 shared.publish_stats(stats);
+                shared.record_kv_events(events);
                 shared.dispatch(outs);
             }
             Ok(CoreMessage::Rejected { request_id, reason }) => shared.reject(&request_id, reason),
