@@ -44,35 +44,9 @@ fn run_client(server: &Server, kill_pid: Option<u32>) -> Value {
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// The descendants of `pid` as (pid, command line), from `ps`.
-fn descendants(pid: u32) -> Vec<(u32, String)> {
-    let out = Command::new("ps")
-        .args(["-eo", "pid=,ppid=,args="])
-        .output()
-        .expect("run ps");
-    let table: Vec<(u32, u32, String)> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| {
-            let mut parts = l.split_whitespace();
-            let pid = parts.next()?.parse().ok()?;
-            let ppid = parts.next()?.parse().ok()?;
-            Some((pid, ppid, parts.collect::<Vec<_>>().join(" ")))
-        })
-        .collect();
-    let mut found = Vec::new();
-    let mut frontier = vec![pid];
-    while let Some(parent) = frontier.pop() {
-        for (child, _, args) in table.iter().filter(|(_, ppid, _)| *ppid == parent) {
-            found.push((*child, args.clone()));
-            frontier.push(*child);
-        }
-    }
-    found
-}
-
 /// The server's engine-core process: its one child running `engine-core`.
 fn engine_core(server: &Server) -> u32 {
-    let cores: Vec<u32> = descendants(server.pid())
+    let cores: Vec<u32> = kill::descendants(server.pid())
         .into_iter()
         .filter(|(_, args)| args.split(' ').any(|a| a == "engine-core"))
         .map(|(pid, _)| pid)
@@ -142,7 +116,7 @@ fn a_killed_engine_core_process_is_replaced_and_every_stream_ends_as_undisturbed
     // The new engine core is the server's only descendant: nothing orphaned.
     let replacement = engine_core(&server);
     assert_ne!(replacement, victim, "a new engine-core process");
-    let rest = descendants(server.pid());
+    let rest = kill::descendants(server.pid());
     assert_eq!(
         rest.iter().map(|(pid, _)| *pid).collect::<Vec<_>>(),
         [replacement],
@@ -387,7 +361,7 @@ fn a_crash_loop_spends_the_budget_and_ends_every_stream_saying_so() {
     assert_eq!(client.restarts(), Default::default());
     client.shutdown(false);
     // The failed starts were reaped, and the dead process left no segment.
-    let left: Vec<_> = descendants(std::process::id())
+    let left: Vec<_> = kill::descendants(std::process::id())
         .into_iter()
         .filter(|(_, args)| args.contains("engine-core"))
         .collect();

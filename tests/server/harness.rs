@@ -160,18 +160,27 @@ impl Server {
             .unwrap_or_else(|| panic!("no VmRSS in:\n{status}"))
     }
 
-    /// The value of the unlabelled-but-for-model series `name` in `/metrics`.
+    /// The value of the unlabelled-but-for-model series `name` in
+    /// `/metrics`, summed over the data-parallel ranks.
     pub fn metric(&self, name: &str) -> f64 {
+        self.metric_by_rank(name).iter().sum()
+    }
+
+    /// The series `name` (labelled by model and rank only) of each
+    /// data-parallel rank, in rank order.
+    pub fn metric_by_rank(&self, name: &str) -> Vec<f64> {
         let text = self.get("/metrics").text();
-        text.lines()
-            .find(|l| {
+        let values: Vec<f64> = text
+            .lines()
+            .filter(|l| {
                 l.starts_with(&format!("{name}{{"))
                     && !l.contains("le=")
                     && !l.contains("finished_reason")
             })
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no series {name} in /metrics:\n{text}"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+            .collect();
+        assert!(!values.is_empty(), "no series {name} in /metrics:\n{text}");
+        values
     }
 
     /// Polls until `/metrics` shows no running or waiting request and no KV

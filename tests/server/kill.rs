@@ -103,3 +103,29 @@ pub fn segments_of(pids: &[u32]) -> Vec<String> {
         })
         .collect()
 }
+
+/// The descendants of `pid` as (pid, command line), from `ps`.
+pub fn descendants(pid: u32) -> Vec<(u32, String)> {
+    let out = Command::new("ps")
+        .args(["-eo", "pid=,ppid=,args="])
+        .output()
+        .expect("run ps");
+    let table: Vec<(u32, u32, String)> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut parts = l.split_whitespace();
+            let pid = parts.next()?.parse().ok()?;
+            let ppid = parts.next()?.parse().ok()?;
+            Some((pid, ppid, parts.collect::<Vec<_>>().join(" ")))
+        })
+        .collect();
+    let mut found = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(parent) = frontier.pop() {
+        for (child, _, args) in table.iter().filter(|(_, ppid, _)| *ppid == parent) {
+            found.push((*child, args.clone()));
+            frontier.push(*child);
+        }
+    }
+    found
+}
