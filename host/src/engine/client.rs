@@ -191,13 +191,15 @@ impl EngineCoreClient {
         self.check_alive()?;
         let (tx, rx) = mpsc::unbounded_channel();
         // Routing, the id check across engines and the registration happen
-        // under the router's lock, so no two engines take the same id.
-        let router = self.inner.router.as_ref().map(lock);
-        let rank = match router {
-            Some(mut router) => self.route(&mut router, &req)?,
+        // under the router's lock: no two engines take the same id, and
+        // each request of a burst sees those routed before it as load.
+        let mut router = self.inner.router.as_ref().map(lock);
+        let rank = match router.as_deref_mut() {
+            Some(router) => self.route(router, &req)?,
             None => 0,
         };
         let (request_id, internal_id) = self.inner.engines[rank].add(req, tx)?;
+        drop(router);
         Ok(OutputStream {
             request_id,
             internal_id,
