@@ -40,6 +40,7 @@ run() {
   kill -TERM "$pid"; wait "$pid" 2>/dev/null || true; pid=""
 }
 
+lscpu | sed -n 's/^Model name: *//p'
 for rep in $(seq "$reps"); do
   run 1 "$rep"
   run "$dp" "$rep"

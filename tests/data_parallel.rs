@@ -56,11 +56,7 @@ fn greedy_texts(server: &Server, n: usize) -> Vec<String> {
 fn two_engines_on_their_own_cores_answer_as_one_does() {
     let _serial = kill::serial();
     let server = serve(2);
-    let engines: Vec<u32> = kill::descendants(server.pid())
-        .into_iter()
-        .filter(|(_, args)| args.split(' ').any(|a| a == "engine-core"))
-        .map(|(pid, _)| pid)
-        .collect();
+    let engines = kill::engine_cores(server.pid());
     assert_eq!(engines.len(), 2, "two engine-core processes: {engines:?}");
     let ours = cores_of(std::process::id());
     let (a, b) = (cores_of(engines[0]), cores_of(engines[1]));

@@ -46,11 +46,7 @@ fn run_client(server: &Server, kill_pid: Option<u32>) -> Value {
 
 /// The server's engine-core process: its one child running `engine-core`.
 fn engine_core(server: &Server) -> u32 {
-    let cores: Vec<u32> = kill::descendants(server.pid())
-        .into_iter()
-        .filter(|(_, args)| args.split(' ').any(|a| a == "engine-core"))
-        .map(|(pid, _)| pid)
-        .collect();
+    let cores = kill::engine_cores(server.pid());
     assert_eq!(cores.len(), 1, "one engine-core process: {cores:?}");
     cores[0]
 }

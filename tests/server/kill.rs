@@ -129,3 +129,12 @@ pub fn descendants(pid: u32) -> Vec<(u32, String)> {
     }
     found
 }
+
+/// The `host engine-core` processes under `pid`.
+pub fn engine_cores(pid: u32) -> Vec<u32> {
+    descendants(pid)
+        .into_iter()
+        .filter(|(_, args)| args.split(' ').any(|a| a == "engine-core"))
+        .map(|(pid, _)| pid)
+        .collect()
+}
