@@ -82,7 +82,8 @@ pub(crate) struct Shared {
     streams: Mutex<Streams>,
     stats: Mutex<Stats>,
     /// The prefix cache's events since the data-parallel router last took
-    /// them (only an engine core with a router sends any).
+    /// them: only an engine core with a router sends any, and a restart
+    /// adds one `AllBlocksCleared` (a few bytes per restart without DP).
     kv_events: Mutex<Vec<KvCacheEvent>>,
     liveness: watch::Sender<Liveness>,
 }
@@ -330,4 +331,39 @@ pub(crate) fn sum_engines(ranks: &[EngineStats]) -> EngineStats {
     }
     total.scheduler.kv_cache_usage /= ranks.len() as f64;
     total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rank(running: usize, usage: f64, blocks: u32, prompt_tokens: u64) -> EngineStats {
+        let mut s = EngineStats::default();
+        s.scheduler.num_running = running;
+        s.scheduler.num_waiting = 1;
+        s.scheduler.kv_cache_usage = usage;
+        s.scheduler.prefix_cache.hits = 10;
+        s.scheduler.cache_config.block_size = 16;
+        s.scheduler.cache_config.num_blocks = blocks;
+        s.num_prompt_tokens = prompt_tokens;
+        s
+    }
+
+    #[test]
+    fn ranks_add_up_to_one_engine() {
+        let total = sum_engines(&[rank(3, 0.5, 100, 7), rank(2, 0.25, 100, 5)]);
+        let s = &total.scheduler;
+        assert_eq!((s.num_running, s.num_waiting), (5, 2));
+        assert_eq!(s.kv_cache_usage, 0.375, "the mean of equal caches");
+        assert_eq!(s.prefix_cache.hits, 20);
+        assert_eq!(
+            (s.cache_config.block_size, s.cache_config.num_blocks),
+            (16, 200)
+        );
+        assert_eq!(total.num_prompt_tokens, 12);
+        assert_eq!(
+            sum_engines(&[rank(3, 0.5, 100, 7)]).scheduler.num_running,
+            3
+        );
+    }
 }
