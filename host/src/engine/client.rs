@@ -264,7 +264,8 @@ impl EngineCoreClient {
     /// in this process).
     pub fn restarts(&self) -> EngineCoreRestarts {
         let mut total = EngineCoreRestarts::default();
-        for (_, r) in self.stats_by_rank() {
+        for engine in &self.inner.engines {
+            let r = engine.restarts();
             total.restarts += r.restarts;
             total.replayed_requests += r.replayed_requests;
         }
@@ -287,15 +288,7 @@ impl EngineCoreClient {
     /// rank (one entry without data parallelism).
     pub fn stats_by_rank(&self) -> Vec<(EngineStats, EngineCoreRestarts)> {
         let engines = self.inner.engines.iter();
-        engines
-            .map(|e| {
-                let restarts = match &e.transport {
-                    Transport::InProcess { .. } => EngineCoreRestarts::default(),
-                    Transport::Process(p) => p.restarts(),
-                };
-                (e.shared.stats(), restarts)
-            })
-            .collect()
+        engines.map(|e| (e.shared.stats(), e.restarts())).collect()
     }
 
     /// True while every busy loop runs (not dead, not shut down); also
@@ -387,10 +380,17 @@ impl Engine {
     /// step reported (a request added since counts as waiting).
     fn load(&self) -> EngineLoad {
         let live = self.shared.num_live();
-        let running = self.shared.stats().scheduler.num_running.min(live);
+        let running = self.shared.num_running().min(live);
         EngineLoad {
             waiting: live - running,
             running,
+        }
+    }
+
+    fn restarts(&self) -> EngineCoreRestarts {
+        match &self.transport {
+            Transport::InProcess { .. } => EngineCoreRestarts::default(),
+            Transport::Process(p) => p.restarts(),
         }
     }
 

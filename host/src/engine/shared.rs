@@ -279,6 +279,12 @@ impl Shared {
         }
     }
 
+    /// Requests in the running batch as of the latest step (the router
+    /// reads it per request: no copy of the counters).
+    pub(crate) fn num_running(&self) -> usize {
+        lock(&self.stats).latest.scheduler.num_running
+    }
+
     /// The latest counters, totals over every engine-core process.
     pub(crate) fn stats(&self) -> EngineStats {
         let stats = lock(&self.stats);
