@@ -33,6 +33,27 @@ fn list(lags: &[ReaderLag]) -> String {
         .join(", ")
 }
 
+/// The writer's state in a [`QueueError::Timeout`] message.
+fn writer_state(pid: u32) -> String {
+    if pid == 0 {
+        "the writer has not yet accepted this reader's TCP connection; has it called wait_until_ready?".into()
+    } else {
+        format!("the writer, pid {pid}, is alive but sent nothing")
+    }
+}
+
+/// The refused connections in a [`QueueError::NotReady`] message.
+fn refused(rejected: &[String]) -> String {
+    if rejected.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " The writer refused these TCP connections: {}",
+            rejected.join("; ")
+        )
+    }
+}
+
 /// Errors of [`super::MessageQueue`] and its message encoding.
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {
@@ -74,7 +95,7 @@ pub enum QueueError {
         behind: Vec<ReaderLag>,
     },
     /// No message arrived within the timeout.
-    #[error("dequeue by reader {rank} timed out after {waited:?} waiting for message {seq} (the writer, pid {writer_pid}, is alive but sent nothing)")]
+    #[error("dequeue by reader {rank} timed out after {waited:?} waiting for message {seq} ({})", writer_state(*.writer_pid))]
     Timeout {
         /// The waiting reader's rank.
         rank: usize,
@@ -82,18 +103,23 @@ pub enum QueueError {
         seq: u64,
         /// How long it waited.
         waited: Duration,
-        /// The writer's process id.
+        /// The writer's process id; 0 while a TCP reader has not yet been
+        /// accepted (the writer's pid arrives in its welcome).
         writer_pid: u32,
     },
     /// Not every reader attached within the timeout.
     #[error(
-        "readers {missing:?} did not attach within {waited:?}; did their processes start and call create_from_handle?"
+        "readers {missing:?} did not attach within {waited:?}; did their processes start and call create_from_handle?{}", refused(.rejected)
     )]
     NotReady {
         /// The ranks still missing.
         missing: Vec<usize>,
         /// How long the writer waited.
         waited: Duration,
+        /// TCP connections the writer refused while it waited, each as
+        /// "peer address: reason" (a wrong rank, version or magic); at most
+        /// a few, so a flood of bad connections cannot grow the error.
+        rejected: Vec<String>,
     },
     /// The queue was shut down and no message is left to read.
     #[error("the message queue was shut down")]
@@ -103,6 +129,21 @@ pub enum QueueError {
     WriterDead {
         /// The writer's process id.
         pid: u32,
+    },
+    /// A remote reader's TCP connection failed: the peer closed or reset
+    /// it, a send or a frame could not complete, or it never connected.
+    /// `peer` is the other end's address and `rank` the reader's rank, on
+    /// either side; `detail` says which side saw what. Treat it like the
+    /// death of that process.
+    #[error("the TCP connection between the writer and reader rank {rank} was lost (peer {peer}): {detail}")]
+    ConnectionLost {
+        /// The address of the other end (the reader's, as the writer sees
+        /// it; the writer's, as a reader sees it).
+        peer: String,
+        /// The reader's rank.
+        rank: usize,
+        /// What failed, and from which side.
+        detail: String,
     },
     /// The operation does not fit this end of the queue.
     #[error("{0}")]

@@ -3,21 +3,22 @@
 use serde::{Deserialize, Serialize};
 
 /// Everything a reader needs to attach to a queue, in the shape of vLLM's
-/// `Handle`: readers on this host attach to the shared segment; readers on
-/// other hosts will subscribe to `remote_addr` (reserved: today every rank
-/// is local and `remote_addr` is `None`). Send it to the reader processes in
-/// any serde format (JSON on a pipe, an environment variable, ...).
+/// `Handle`: the ranks in `local_reader_ranks` attach to the shared segment;
+/// every other rank below `n_readers` connects over TCP to `remote_addr`
+/// (see `tcp.rs`). Send it to the reader processes in any serde format
+/// (JSON on a pipe, an environment variable, ...).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Handle {
     /// Layout version; a reader refuses a handle of another version.
     pub version: u32,
     /// Total number of readers.
     pub n_readers: usize,
-    /// The ranks that read from the shared segment, in flag order.
+    /// The ranks that read from the shared segment, in flag order (a rank's
+    /// read-flag slot is its index here); any subset of `0..n_readers`.
     pub local_reader_ranks: Vec<usize>,
     /// The shared segment, if any rank is local.
     pub shm: Option<ShmHandle>,
-    /// Where remote readers subscribe (reserved for the TCP transport).
+    /// The writer's TCP listener, `"ip:port"`, if any rank is remote.
     pub remote_addr: Option<String>,
 }
 
@@ -36,5 +37,7 @@ pub struct ShmHandle {
     pub owner_start_time: u64,
 }
 
-/// The current handle version.
-pub const HANDLE_VERSION: u32 = 1;
+/// The current handle version (2: ranks outside `local_reader_ranks`
+/// connect to `remote_addr` over TCP). The TCP hello carries it too, so a
+/// reader and a writer of different builds refuse each other.
+pub const HANDLE_VERSION: u32 = 2;

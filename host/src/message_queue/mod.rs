@@ -1,6 +1,7 @@
 //! The shared-memory broadcast queue between the engine and its workers
 //! (vLLM's `shm_broadcast.MessageQueue`): one writer, N readers, a ring of
-//! chunks in one POSIX shared-memory segment.
+//! chunks in one POSIX shared-memory segment for the readers on this host,
+//! and a TCP connection each for readers on other hosts.
 //!
 //! - **Ring protocol** (`queue.rs`): each chunk has a written flag (a
 //!   sequence number) and one read flag per reader, atomics with
@@ -15,9 +16,14 @@
 //!   the last process exits, whatever the cause). Until then, names carry
 //!   their owner's pid and start time, so a reader that finds the owner dead
 //!   and every new writer unlink the segments of dead owners.
+//! - **Remote readers** (`tcp.rs`, routed by `endpoint.rs`): the writer
+//!   listens, each remote rank connects and says hello (magic, version,
+//!   rank), and gets every message as a length-prefixed frame; a lost
+//!   connection is [`QueueError::ConnectionLost`] naming the peer and rank.
+//!   [`MessageQueue::new_writer_with_remote`] picks the remote ranks.
 //! - **Encoding** (`codec.rs`): serde over postcard.
 //! - **Distrust**: every length, kind, sequence number, pid and size read
-//!   from shared memory or a handle is checked before use; a bad one is
+//!   from shared memory, a socket or a handle is checked before use; a bad one is
 //!   [`QueueError::Corrupt`] naming the queue and the field, never a panic,
 //!   an out-of-bounds read or a hang (`tests_corrupt.rs` tries each field).
 //!
@@ -34,6 +40,7 @@
 //! ```
 
 mod codec;
+mod endpoint;
 mod error;
 mod handle;
 mod layout;
@@ -41,20 +48,23 @@ mod layout;
 mod model;
 pub(crate) mod process;
 mod queue;
+mod tcp;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_corrupt;
+#[cfg(test)]
+mod tests_tcp;
 pub(crate) mod wait;
 
 use std::time::Duration;
 
 pub use codec::{decode, encode, encoded_len};
+pub use endpoint::MessageQueue;
 pub use error::{QueueError, ReaderLag};
 pub use handle::{Handle, ShmHandle, HANDLE_VERSION};
 pub use layout::MAX_READERS;
 pub use process::{shm_names, sweep_dead_owners, NAME_PREFIX};
-pub use queue::MessageQueue;
 
 /// How long a waiting party spins (yielding) before it sleeps on the futex.
 /// Measured with `cargo bench -p host --bench message_queue` on the 2-core

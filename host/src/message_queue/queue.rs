@@ -20,17 +20,19 @@
 //! against the chunk or the overflow mapping, a kind against the two kinds,
 //! a sequence number against the only two values the protocol allows, a
 //! pid against the range of pids. A bad one is [`QueueError::Corrupt`].
+//!
+//! This is the shared-memory half of a queue; `endpoint.rs` pairs it with
+//! the TCP transport for remote readers behind [`super::MessageQueue`].
 
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::codec;
 use super::error::{QueueError, ReaderLag};
-use super::handle::{Handle, ShmHandle, HANDLE_VERSION};
+use super::handle::{Handle, ShmHandle};
 use super::layout::{Blob, Geometry, Segment, KIND_INLINE, KIND_OVERFLOW, MAGIC, MAX_READERS};
 use super::process::{self, ProcessId};
 use super::wait::{wait_until, WaitEnd};
@@ -47,23 +49,29 @@ enum Role {
     },
 }
 
-/// One end of a shared-memory broadcast queue: the single writer, or one of
-/// its readers. Every message the writer enqueues reaches every reader once,
-/// in order. `Send` but not `Sync`: each end belongs to one thread at a time.
-pub struct MessageQueue {
+/// One end of a shared-memory broadcast ring: the single writer, or one of
+/// its local readers. Every message the writer enqueues reaches every reader
+/// once, in order. `Send` but not `Sync`: each end belongs to one thread at
+/// a time.
+pub struct ShmQueue {
     seg: Segment,
     role: Role,
+    /// The number of readers of the ring (the local ones).
     n_readers: usize,
+    /// The rank of each read-flag slot, so that errors name ranks, not slots.
+    ranks: Vec<usize>,
     owner: ProcessId,
     spin_window: Duration,
     /// The next message to write (writer) or read (reader).
     next: Cell<u64>,
 }
 
-impl MessageQueue {
-    /// Creates a queue and returns its writer end. Also unlinks segments
-    /// left in `/dev/shm` by queue owners that died.
-    pub fn new_writer(n_readers: usize, config: QueueConfig) -> Result<MessageQueue, QueueError> {
+impl ShmQueue {
+    /// Creates a ring read by `ranks` (slot `i` belongs to `ranks[i]`) and
+    /// returns its writer end. Also unlinks segments left in `/dev/shm` by
+    /// queue owners that died.
+    pub fn new_writer(ranks: Vec<usize>, config: QueueConfig) -> Result<ShmQueue, QueueError> {
+        let n_readers = ranks.len();
         config.validate()?;
         if n_readers == 0 || n_readers > MAX_READERS {
             return Err(QueueError::InvalidConfig(format!(
@@ -91,50 +99,40 @@ impl MessageQueue {
                 .for_each(|f| f.store(1, Ordering::Relaxed));
         }
         h.magic.store(MAGIC, Ordering::Release);
-        Ok(MessageQueue {
+        Ok(ShmQueue {
             seg,
             role: Role::Writer,
             n_readers,
+            ranks,
             owner,
             spin_window: config.spin_window,
             next: Cell::new(0),
         })
     }
 
-    /// The handle that readers pass to [`MessageQueue::create_from_handle`].
-    pub fn export_handle(&self) -> Handle {
+    /// The segment's part of the handle that readers attach with.
+    pub fn shm_handle(&self) -> ShmHandle {
         let g = self.seg.geometry();
-        Handle {
-            version: HANDLE_VERSION,
-            n_readers: self.n_readers,
-            local_reader_ranks: (0..self.n_readers).collect(),
-            shm: Some(ShmHandle {
-                name: self.seg.name().to_string(),
-                n_chunks: g.n_chunks,
-                max_chunk_bytes: g.max_chunk_bytes,
-                owner_pid: self.owner.pid,
-                owner_start_time: self.owner.start_time,
-            }),
-            remote_addr: None,
+        ShmHandle {
+            name: self.seg.name().to_string(),
+            n_chunks: g.n_chunks,
+            max_chunk_bytes: g.max_chunk_bytes,
+            owner_pid: self.owner.pid,
+            owner_start_time: self.owner.start_time,
         }
     }
 
-    /// Attaches reader `rank` to the queue that `handle` describes. Each rank
-    /// attaches once; the last one to attach unlinks the segment's name, so
-    /// the kernel frees it when the last process exits, even on a crash.
-    pub fn create_from_handle(handle: &Handle, rank: usize) -> Result<MessageQueue, QueueError> {
-        if handle.version != HANDLE_VERSION {
-            return Err(QueueError::Unsupported(format!(
-                "handle version {} (this build reads version {HANDLE_VERSION})",
-                handle.version
-            )));
-        }
+    /// The ranks that read the ring, in slot order.
+    pub fn ranks(&self) -> &[usize] {
+        &self.ranks
+    }
+
+    /// Attaches reader `rank` to the ring that `handle` describes (the
+    /// caller checked the handle's version). Each rank attaches once; the
+    /// last one to attach unlinks the segment's name, so the kernel frees it
+    /// when the last process exits, even on a crash.
+    pub fn create_from_handle(handle: &Handle, rank: usize) -> Result<ShmQueue, QueueError> {
         let Some(slot) = handle.local_reader_ranks.iter().position(|&r| r == rank) else {
-            if handle.remote_addr.is_some() && rank < handle.n_readers {
-                return Err(QueueError::Unsupported(
-                    "remote readers over TCP are not implemented yet".into(),
-                ));
-            }
             return Err(QueueError::BadRank {
                 rank,
                 local: handle.local_reader_ranks.clone(),
@@ -194,10 +192,11 @@ impl MessageQueue {
         }
         h.space_bell.ring();
         let role = Role::Reader { rank, slot };
-        Ok(MessageQueue {
+        Ok(ShmQueue {
             seg,
             role,
             n_readers: n_local,
+            ranks: handle.local_reader_ranks.clone(),
             owner,
             spin_window: QueueConfig::default().spin_window,
             next: Cell::new(0),
@@ -241,11 +240,13 @@ impl MessageQueue {
             Err(_) => {
                 let mask = h.attached.load(Ordering::Acquire);
                 let missing = (0..self.n_readers)
-                    .filter(|r| mask & (1 << r) == 0)
+                    .filter(|slot| mask & (1 << slot) == 0)
+                    .map(|slot| self.ranks[slot])
                     .collect();
                 Err(QueueError::NotReady {
                     missing,
                     waited: timeout,
+                    rejected: Vec::new(),
                 })
             }
         }
@@ -254,12 +255,14 @@ impl MessageQueue {
     /// Sends a message of `len` bytes that `fill` writes in place (into the
     /// ring, or into an overflow segment if `len` exceeds a chunk): the
     /// payload is written exactly once. `timeout = None` waits for space
-    /// for as long as the readers live.
+    /// for as long as the readers live. Once the message is published,
+    /// `forward` gets its bytes (to send them on to TCP readers without a copy).
     pub fn enqueue_with(
         &self,
         len: usize,
         timeout: Option<Duration>,
         fill: impl FnOnce(&mut [u8]),
+        forward: impl FnOnce(&[u8]) -> Result<(), QueueError>,
     ) -> Result<(), QueueError> {
         let chunk = self.acquire_write(timeout)?;
         if len <= self.seg.geometry().max_chunk_bytes {
@@ -268,6 +271,9 @@ impl MessageQueue {
             // this is the only writer (the writer end is unique and !Sync).
             fill(unsafe { std::slice::from_raw_parts_mut(self.seg.chunk_ptr(chunk), len) });
             self.commit(chunk, len, KIND_INLINE);
+            // SAFETY: after `commit` readers only read the chunk, and only this
+            // writer rewrites it, in a later enqueue.
+            forward(unsafe { std::slice::from_raw_parts(self.seg.chunk_ptr(chunk), len) })
         } else {
             let blob = Blob::create(
                 &process::overflow_name(self.seg.name(), self.next.get()),
@@ -277,21 +283,19 @@ impl MessageQueue {
             // until `commit` publishes its message.
             fill(unsafe { std::slice::from_raw_parts_mut(blob.payload_ptr(), len) });
             self.commit(chunk, len, KIND_OVERFLOW);
+            // SAFETY: a published blob is never written again.
+            forward(unsafe { std::slice::from_raw_parts(blob.payload_ptr(), len) })
         }
-        Ok(())
-    }
-
-    /// Sends raw bytes.
-    pub fn enqueue_bytes(&self, msg: &[u8], timeout: Option<Duration>) -> Result<(), QueueError> {
-        self.enqueue_with(msg.len(), timeout, |buf| buf.copy_from_slice(msg))
     }
 
     /// Sends a serde value, encoded straight into the ring (one pass) or,
-    /// when it does not fit a chunk, sized and encoded into an overflow segment.
+    /// when it does not fit a chunk, sized and encoded into an overflow
+    /// segment; then hands the published bytes to `forward`, as `enqueue_with`.
     pub fn enqueue<T: Serialize + ?Sized>(
         &self,
         msg: &T,
         timeout: Option<Duration>,
+        forward: impl FnOnce(&[u8]) -> Result<(), QueueError>,
     ) -> Result<(), QueueError> {
         let chunk = self.acquire_write(timeout)?;
         let cap = self.seg.geometry().max_chunk_bytes;
@@ -299,7 +303,8 @@ impl MessageQueue {
         let buf = unsafe { std::slice::from_raw_parts_mut(self.seg.chunk_ptr(chunk), cap) };
         if let Some(len) = codec::encode_into(msg, buf)? {
             self.commit(chunk, len, KIND_INLINE);
-            return Ok(());
+            // SAFETY: as in `enqueue_with`, after `commit`.
+            return forward(unsafe { std::slice::from_raw_parts(self.seg.chunk_ptr(chunk), len) });
         }
         let len = codec::encoded_len(msg)?;
         let name = process::overflow_name(self.seg.name(), self.next.get());
@@ -313,7 +318,8 @@ impl MessageQueue {
             ));
         }
         self.commit(chunk, len, KIND_OVERFLOW);
-        Ok(())
+        // SAFETY: as in `enqueue_with`, after `commit`.
+        forward(unsafe { std::slice::from_raw_parts(blob.payload_ptr(), len) })
     }
 
     /// Receives the next message and passes its bytes to `f` without copying
@@ -422,17 +428,6 @@ impl MessageQueue {
         Ok(out)
     }
 
-    /// Receives the next message as bytes.
-    pub fn dequeue_bytes(&self, timeout: Option<Duration>) -> Result<Vec<u8>, QueueError> {
-        self.dequeue_with(timeout, <[u8]>::to_vec)
-    }
-
-    /// Receives and decodes the next message. A frame that does not decode
-    /// is consumed and reported as [`QueueError::Decode`].
-    pub fn dequeue<T: DeserializeOwned>(&self, timeout: Option<Duration>) -> Result<T, QueueError> {
-        self.dequeue_with(timeout, codec::decode)?
-    }
-
     /// Shuts the queue down for every party and wakes all of them. Readers
     /// still receive the messages already in the ring, then
     /// [`QueueError::Shutdown`]; the writer's enqueues fail.
@@ -490,7 +485,7 @@ impl MessageQueue {
                         ProcessId { pid, start_time }.is_alive()
                     });
                     ReaderLag {
-                        rank: r,
+                        rank: self.ranks[r],
                         pid,
                         alive,
                     }
@@ -554,7 +549,7 @@ impl MessageQueue {
     }
 }
 
-impl Drop for MessageQueue {
+impl Drop for ShmQueue {
     /// The writer shuts the queue down and unlinks its names (the main
     /// segment, if a reader never attached, and unread overflow segments).
     /// A reader that finds the writer dead unlinks whatever it left.
@@ -569,7 +564,7 @@ impl Drop for MessageQueue {
 }
 
 #[cfg(test)]
-impl MessageQueue {
+impl ShmQueue {
     /// The mapped segment, for tests that write into it as a hostile peer would.
     pub(super) fn segment(&self) -> &Segment {
         &self.seg

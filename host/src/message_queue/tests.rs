@@ -291,10 +291,11 @@ fn misuse_is_a_clear_error() {
     ));
     let mut remote = handle.clone();
     remote.local_reader_ranks = vec![0];
+    // Rank 1 is now remote; an address that is not ip:port is a damaged handle.
     remote.remote_addr = Some("tcp://10.0.0.2:5555".into());
     assert!(matches!(
         MessageQueue::create_from_handle(&remote, 1),
-        Err(QueueError::Unsupported(_))
+        Err(QueueError::Corrupt { .. })
     ));
     let mut future = handle.clone();
     future.version += 1;
