@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use host::config::EngineConfig;
-use host::distributed::{AllReduceGroup, AllReduceOwner, DEFAULT_SLOT_FLOATS};
+use host::distributed::{AllReduceGroup, AllReduceOwner, TpGroup, DEFAULT_SLOT_FLOATS};
 use host::engine::{Completion, Llm};
 use host::kernels::{MatmulPath, ThreadPool};
 use host::model::{LoadFormat, ModelWeights};
@@ -189,7 +189,7 @@ fn run_ranks(
             let (weights, handle, prompt) =
                 (weights.clone(), owner.handle().clone(), prompt.to_vec());
             std::thread::spawn(move || {
-                let group = Arc::new(AllReduceGroup::attach(&handle, rank).unwrap());
+                let group = Arc::new(TpGroup::Shm(AllReduceGroup::attach(&handle, rank).unwrap()));
                 let runner =
                     CpuModelRunner::new_rank(&weights, pool(), limits, Some(group)).unwrap();
                 decode(runner, &prompt, steps)

@@ -28,7 +28,7 @@ pub use host_api::LentModel;
 pub use registry::{DuplicateMethod, Handler, WorkerMethods};
 pub use sleep::{SleepLevel, WakeTags};
 
-use crate::distributed::AllReduceGroup;
+use crate::distributed::TpGroup;
 use crate::kernels::{MatmulPath, ThreadPool};
 use crate::model::{self, LlamaConfig, ModelWeights};
 use crate::model_runner::{
@@ -65,7 +65,7 @@ pub struct Worker {
     /// extension, or asleep at level 2).
     runner: Option<Box<dyn DeviceRunner>>,
     /// The tensor-parallel group this worker is a rank of, if any.
-    all_reduce: Option<Arc<AllReduceGroup>>,
+    all_reduce: Option<Arc<TpGroup>>,
     /// The weights the runner was prepared from (memory-mapped), kept for
     /// worker extensions and `update_weights` to read and change, and to
     /// prepare the runner again after a level-2 sleep.
@@ -153,7 +153,7 @@ impl Worker {
 
     /// Makes this worker one rank of a tensor-parallel group (before
     /// `load_model`, which then loads only the rank's shard).
-    pub fn set_tensor_parallel(&mut self, group: Arc<AllReduceGroup>) {
+    pub fn set_tensor_parallel(&mut self, group: Arc<TpGroup>) {
         self.all_reduce = Some(group);
     }
 

@@ -105,6 +105,38 @@ pub enum AllReduceError {
         /// What went wrong.
         detail: String,
     },
+    /// A TCP rank's sum did not come back from the hub within the timeout.
+    #[error(
+        "all-reduce: rank {me} waited {waited:?} for the sum from the all-reduce hub at {hub}; a peer \
+         rank stalled or is still running another step, or the network is down; raise \
+         parallel.execute_model_timeout_s if steps are legitimately this slow"
+    )]
+    HubTimeout {
+        /// The waiting rank.
+        me: usize,
+        /// The hub's `host:port`.
+        hub: String,
+        /// How long it waited.
+        waited: Duration,
+    },
+    /// A TCP connection of the group closed or broke.
+    #[error("all-reduce over TCP: {peer} disconnected: {detail}")]
+    Disconnected {
+        /// Who went away: a rank (as the hub saw it) or the hub itself,
+        /// with the hub's `host:port`.
+        peer: String,
+        /// What happened.
+        detail: String,
+    },
+    /// The TCP hub cannot be started or reached, refused this rank, or
+    /// spoke a protocol this rank does not understand.
+    #[error("all-reduce hub at {hub}: {detail}")]
+    Hub {
+        /// The hub's address.
+        hub: String,
+        /// What went wrong.
+        detail: String,
+    },
     /// Bad group parameters (world size, rank, slot size).
     #[error("invalid all-reduce group: {0}")]
     Config(String),

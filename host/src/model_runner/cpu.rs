@@ -15,7 +15,7 @@ use super::kv_cache::{KvCache, KvCacheShape};
 use super::layer::{norm_weight, weight_matrix, Layer, StepCtx};
 use super::scratch::Scratch;
 use super::{Logits, LogitsSink, LogitsSpan, RunnerError};
-use crate::distributed::AllReduceGroup;
+use crate::distributed::TpGroup;
 use crate::kernels::{matmul_with, rms_norm, MatmulPath, RopeTable, ThreadPool, WeightMatrix};
 use crate::model::{check, shard, LlamaConfig, ModelWeights};
 
@@ -60,7 +60,7 @@ pub struct CpuModelRunner {
     /// The paged KV cache, once allocated.
     kv: Option<KvCache>,
     /// The tensor-parallel group, when the weights are one rank's shard.
-    all_reduce: Option<Arc<AllReduceGroup>>,
+    all_reduce: Option<Arc<TpGroup>>,
 }
 
 impl CpuModelRunner {
@@ -124,7 +124,7 @@ impl CpuModelRunner {
         weights: &ModelWeights,
         pool: Arc<ThreadPool>,
         limits: RunnerConfig,
-        group: Option<Arc<AllReduceGroup>>,
+        group: Option<Arc<TpGroup>>,
     ) -> Result<CpuModelRunner, RunnerError> {
         let Some(group) = group else {
             return CpuModelRunner::new(weights, pool, limits);

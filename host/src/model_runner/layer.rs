@@ -7,7 +7,7 @@ use super::attention::{paged_attention, AttnArgs, AttnDims};
 use super::kv_cache::KvCache;
 use super::scratch::Scratch;
 use super::RunnerError;
-use crate::distributed::AllReduceGroup;
+use crate::distributed::TpGroup;
 use crate::kernels::{
     matmul_with, rms_norm, silu_mul, MatmulPath, RopeTable, ThreadPool, WeightMatrix,
 };
@@ -117,7 +117,7 @@ pub(crate) struct StepCtx<'a> {
     pub positions: &'a [u32],
     /// The tensor-parallel group that completes the row-parallel
     /// projections' partial sums; `None` on a single rank.
-    pub all_reduce: Option<&'a AllReduceGroup>,
+    pub all_reduce: Option<&'a TpGroup>,
 }
 
 impl Layer {
