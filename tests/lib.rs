@@ -1,6 +1,8 @@
 //! Shared helpers for the end-to-end tests: where the repository, the default
 //! model and the `host` binary are, and how to run the Python references.
 
+pub mod netns;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -190,6 +190,20 @@ pub struct ParallelConfig {
     /// `mp`: seconds one step's calls may take before they fail (vLLM's
     /// `VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`).
     pub execute_model_timeout_s: f64,
+    /// `mp`: machines the workers are spread over (vLLM's `--nnodes`). Node
+    /// 0 runs the engine and the first ranks; the others run `host serve
+    /// --headless` and take their share of the ranks over TCP. When left at
+    /// 1, the environment of torchrun, Slurm or LeaderWorkerSet fills in
+    /// the four node keys (see docs/scale-out.md).
+    pub nnodes: usize,
+    /// This machine's place among the nodes (`--node-rank`); above 0 the
+    /// machine serves no API and only runs workers.
+    pub node_rank: usize,
+    /// Node 0's address, which every node can reach (`--master-addr`). The
+    /// engine's queues and all-reduce listen there too, on free ports.
+    pub master_addr: String,
+    /// The port node 0 waits for the other nodes on (`--master-port`).
+    pub master_port: u16,
 }
 
 impl Default for ParallelConfig {
@@ -203,9 +217,20 @@ impl Default for ParallelConfig {
             worker_start_timeout_s: 600.0,
             worker_shutdown_timeout_s: 5.0,
             execute_model_timeout_s: 300.0,
+            nnodes: 1,
+            node_rank: 0,
+            master_addr: "127.0.0.1".into(),
+            master_port: DEFAULT_MASTER_PORT,
         }
     }
 }
+
+/// Where node 0 waits for the other nodes unless `parallel.master_port`
+/// says otherwise (vLLM's default for `--master-port`).
+pub const DEFAULT_MASTER_PORT: u16 = 29501;
+
+/// The most machines one engine's workers span (`parallel.nnodes`).
+pub const MAX_NODES: usize = 64;
 
 /// `[engine]`: restarting what died. A dead worker group (the engine core
 /// restarts it) or a dead engine-core process (the API server restarts it)
@@ -666,6 +691,78 @@ impl EngineConfig {
         Ok(config)
     }
 
+    /// The `[parallel]` node keys: a multi-node group shards one model over
+    /// `mp` workers, at least one rank per node, behind one engine core.
+    fn validate_nodes(&self) -> Result<(), ConfigError> {
+        let invalid = |key, message: String| Err(ConfigError::Invalid { key, message });
+        let p = &self.parallel;
+        if !(1..=MAX_NODES).contains(&p.nnodes) {
+            return invalid(
+                "parallel.nnodes",
+                format!("must be between 1 and {MAX_NODES}, got {}", p.nnodes),
+            );
+        }
+        if p.node_rank >= p.nnodes {
+            return invalid(
+                "parallel.node_rank",
+                format!(
+                    "is {}, but node ranks run from 0 to nnodes - 1 ({})",
+                    p.node_rank,
+                    p.nnodes - 1
+                ),
+            );
+        }
+        // A headless node (rank > 0) runs what node 0's configuration says;
+        // only node 0's must describe a group that can span the nodes.
+        if p.nnodes == 1 || p.node_rank > 0 {
+            return Ok(());
+        }
+        let nnodes = p.nnodes;
+        if p.distributed_executor_backend != "mp" {
+            return invalid(
+                "parallel.nnodes",
+                format!(
+                    "is {nnodes}, which runs workers on other machines: set \
+                     parallel.distributed_executor_backend = \"mp\""
+                ),
+            );
+        }
+        if p.tensor_parallel_size < nnodes {
+            return invalid(
+                "parallel.nnodes",
+                format!(
+                    "is {nnodes}, but tensor_parallel_size is {}: every node needs at least \
+                     one rank, so use at most {} nodes or more ranks",
+                    p.tensor_parallel_size, p.tensor_parallel_size
+                ),
+            );
+        }
+        if p.data_parallel_size > 1 {
+            return invalid(
+                "parallel.nnodes",
+                format!(
+                    "is {nnodes} with data_parallel_size {}: one engine's workers span nodes, \
+                     replicas across machines run as separate servers behind a router \
+                     (docs/scale-out.md)",
+                    p.data_parallel_size
+                ),
+            );
+        }
+        if p.master_addr.trim().is_empty() {
+            return invalid(
+                "parallel.master_addr",
+                "is empty: give node 0's address, reachable from every node".into(),
+            );
+        }
+        if p.master_port == 0 {
+            return invalid(
+                "parallel.master_port",
+                "is 0: the other nodes must know the port, so name one".into(),
+            );
+        }
+        Ok(())
+    }
+
     /// Checks ranges and names that serde cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |key, message: String| Err(ConfigError::Invalid { key, message });
@@ -727,6 +824,7 @@ impl EngineConfig {
                 ),
             );
         }
+        self.validate_nodes()?;
         let seconds = [
             (
                 "parallel.worker_start_timeout_s",

@@ -7,6 +7,7 @@ mod bench;
 mod bench_throughput;
 mod generate;
 mod kv_events_flag;
+mod launcher_env;
 mod plugin;
 mod plugin_build;
 mod plugin_new;
@@ -103,6 +104,19 @@ struct EngineArgs {
     /// [kv_events].
     #[arg(long, global = true, value_name = "JSON")]
     kv_events_config: Option<String>,
+    /// Machines the workers span [parallel.nnodes].
+    #[arg(long, global = true)]
+    nnodes: Option<usize>,
+    /// This machine's rank among them; above 0 it runs workers only
+    /// [parallel.node_rank].
+    #[arg(long, global = true)]
+    node_rank: Option<usize>,
+    /// Node 0's address, reachable from every node [parallel.master_addr].
+    #[arg(long, global = true, value_name = "HOST")]
+    master_addr: Option<String>,
+    /// The port node 0 waits for the other nodes on [parallel.master_port].
+    #[arg(long, global = true)]
+    master_port: Option<u16>,
 }
 
 impl EngineArgs {
@@ -139,6 +153,16 @@ impl EngineArgs {
             "worker.num_threads",
             self.num_threads.map(|v| v.to_string()),
         );
+        push("parallel.nnodes", self.nnodes.map(|v| v.to_string()));
+        push("parallel.node_rank", self.node_rank.map(|v| v.to_string()));
+        push(
+            "parallel.master_addr",
+            self.master_addr.as_deref().map(quoted),
+        );
+        push(
+            "parallel.master_port",
+            self.master_port.map(|v| v.to_string()),
+        );
         out
     }
 
@@ -167,17 +191,27 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => args.overrides(),
         _ => Vec::new(),
     };
+    // Only a server takes its node place from a launcher: one command line
+    // then serves every node of a group.
+    let serving = matches!(command, Command::Serve(_));
     let loaded = match command {
         // Worker and engine-core processes get their configuration from
         // their parent, already resolved.
         Command::Worker | Command::EngineCore => cli.engine.load(&more),
         _ => cli.engine.load(&more).and_then(|mut config| {
+            if let Some(place) = serving
+                .then(|| launcher_env::apply(&mut config))
+                .transpose()?
+                .flatten()
+            {
+                tracing::info!(?place, "node place from the launcher's environment");
+            }
             shipped_plugins::resolve(&mut config)?;
             Ok(config)
         }),
     };
     let result = loaded.and_then(|config| match command {
-        Command::Serve(_) => serve::run(&config),
+        Command::Serve(args) => serve::run(&config, &args),
         Command::Generate(args) => generate::run(&config, &args),
         Command::Bench(args) => bench::run(&config, &args),
         Command::Plugin(command) => plugin::run(&config, &command),

@@ -23,6 +23,10 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer <KEY>` on /v1 routes [server.api_key].
     #[arg(long, value_name = "KEY", env = "HOST_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Run only this machine's workers of a multi-node group, serving no
+    /// API (implied by parallel.node_rank > 0).
+    #[arg(long)]
+    pub headless: bool,
 }
 
 impl ServeArgs {
@@ -43,8 +47,12 @@ impl ServeArgs {
     }
 }
 
-/// Serves until SIGTERM / Ctrl-C, or fails when the engine dies.
-pub fn run(config: &EngineConfig) -> anyhow::Result<()> {
+/// Serves until SIGTERM / Ctrl-C, or fails when the engine dies. A
+/// headless node runs its workers for node 0 instead.
+pub fn run(config: &EngineConfig, args: &ServeArgs) -> anyhow::Result<()> {
+    if args.headless || config.parallel.node_rank > 0 {
+        return crate::engine::run_headless_node(config);
+    }
     let plugins = super::plugins_in_use::describe(config)?;
     let check = ServeCheck {
         processors: request_checker(config)?,

@@ -28,8 +28,8 @@ pub use crate::{
 };
 pub use client::{EngineCoreClient, EngineCoreError, OutputStream};
 pub use executor::{
-    executor_for, Executor, ExecutorError, MultiprocExecutor, RpcFuture, StepFuture,
-    UniProcExecutor,
+    executor_for, run_headless_node, Executor, ExecutorError, MultiprocExecutor, RpcFuture,
+    StepFuture, UniProcExecutor,
 };
 pub use llm::{Completion, GenerateRequest, Llm, Prompt};
 pub use output_processor::{Delta, Finish, RequestMetrics, RequestState};

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use super::registry::WorkerMethods;
 use super::{Worker, WorkerConfig, WorkerDevice};
 use crate::config::EngineConfig;
-use crate::distributed::{AllReduceGroup, AllReduceHandle};
+use crate::distributed::{GroupHandle, TpGroup};
 use crate::message_queue::{Handle, MessageQueue, QueueConfig, QueueError};
 use crate::step::{RpcReply, RpcRequest};
 
@@ -45,7 +45,31 @@ pub struct Bootstrap {
     /// How long to wait for the parent to attach to the response queue.
     pub attach_timeout: Duration,
     /// The tensor-parallel all-reduce group, when `world_size > 1`.
-    pub all_reduce: Option<AllReduceHandle>,
+    pub all_reduce: Option<GroupHandle>,
+    /// Set for a rank on another machine than the engine's (a headless
+    /// node fills it in): the address to listen on for the engine, whose
+    /// reads of the response queue then come over TCP.
+    #[serde(default)]
+    pub response_bind: Option<String>,
+}
+
+impl Bootstrap {
+    /// A bootstrap for protocol tests: nothing in it is started.
+    #[cfg(test)]
+    pub(crate) fn for_tests(rank: usize, world_size: usize) -> Bootstrap {
+        Bootstrap {
+            rank,
+            world_size,
+            config_toml: String::new(),
+            eos_token_id: None,
+            rpc_handle: MessageQueue::new_writer(1, QueueConfig::default())
+                .expect("a test queue")
+                .export_handle(),
+            attach_timeout: Duration::from_secs(1),
+            all_reduce: None,
+            response_bind: None,
+        }
+    }
 }
 
 /// What a worker process answers on its stdout once started.
@@ -175,7 +199,7 @@ fn start(boot: &Bootstrap) -> anyhow::Result<Started> {
     let mut worker = Worker::new(worker_config(&config, boot.eos_token_id)?)?;
     worker.init_device()?;
     if let Some(handle) = &boot.all_reduce {
-        let group = AllReduceGroup::attach(handle, boot.rank).with_context(|| {
+        let group = TpGroup::attach(handle, boot.rank).with_context(|| {
             format!(
                 "worker rank {} attaching to the tensor-parallel group",
                 boot.rank
@@ -186,7 +210,11 @@ fn start(boot: &Bootstrap) -> anyhow::Result<Started> {
     let load = std::time::Instant::now();
     worker.load_model()?;
     let load_s = load.elapsed().as_secs_f64();
-    let response = MessageQueue::new_writer(1, QueueConfig::default())?;
+    let response = match &boot.response_bind {
+        Some(host) => MessageQueue::new_writer_with_remote(1, &[0], host, QueueConfig::default())
+            .with_context(|| format!("worker rank {} listening on {host}", boot.rank))?,
+        None => MessageQueue::new_writer(1, QueueConfig::default())?,
+    };
     let rpc = MessageQueue::create_from_handle(&boot.rpc_handle, boot.rank)
         .with_context(|| format!("worker rank {} attaching to the broadcast queue", boot.rank))?;
     tracing::info!(

@@ -1,8 +1,10 @@
 //! Executors: how the engine core reaches its workers (vLLM's `Executor`).
 //! `uni` runs the one worker in the engine's own process
 //! ([`UniProcExecutor`]); `mp` runs one worker process per rank and talks to
-//! them over shared-memory queues ([`MultiprocExecutor`]). The backend is
-//! chosen by name from the config.
+//! them over shared-memory queues ([`MultiprocExecutor`]), or over TCP for
+//! the ranks on other machines of a multi-node group (`nodes`, and
+//! `headless` for the other machines' side). The backend is chosen by name
+//! from the config.
 //!
 //! Every call to a worker goes through [`Executor::collective_rpc`]: the
 //! method is named, runs on every rank, and one rank (or all) replies. The
@@ -16,11 +18,14 @@ use crate::config::{EngineConfig, EXECUTOR_BACKENDS};
 use crate::message_queue::QueueError;
 use crate::step::{ModelRunnerOutput, RpcValue, SchedulerOutput};
 
+mod headless;
 mod monitor;
 mod multiproc;
+mod nodes;
 mod rpc;
 mod uniproc;
 
+pub use headless::run as run_headless_node;
 pub(crate) use multiproc::worker_executable;
 pub use multiproc::MultiprocExecutor;
 pub use rpc::RpcFuture;

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::nodes::RemoteNodes;
 use super::ExecutorError;
 
 /// How often the monitor looks at the worker processes. A death is
@@ -30,10 +31,13 @@ struct Proc {
     death_pipe: Option<ChildStdin>,
 }
 
-/// The worker processes, by rank.
+/// The worker processes, by rank: this machine's first, then those of
+/// the other nodes of a multi-node group, which are watched through their
+/// node's connection.
 pub struct WorkerSet {
     procs: Mutex<Vec<Proc>>,
     pids: Vec<u32>,
+    remote: RemoteNodes,
     failed: AtomicBool,
     death: Mutex<Option<(usize, String)>>,
 }
@@ -41,6 +45,12 @@ pub struct WorkerSet {
 impl WorkerSet {
     /// Takes ownership of started processes (their stdin is the death pipe).
     pub fn new(children: Vec<(Child, ChildStdin)>) -> WorkerSet {
+        WorkerSet::with_remote(children, RemoteNodes::none())
+    }
+
+    /// Local processes (ranks `0..children.len()`) and the ranks of the
+    /// other nodes.
+    pub fn with_remote(children: Vec<(Child, ChildStdin)>, remote: RemoteNodes) -> WorkerSet {
         let pids = children.iter().map(|(c, _)| c.id()).collect();
         let procs = children
             .into_iter()
@@ -52,14 +62,35 @@ impl WorkerSet {
         WorkerSet {
             procs: Mutex::new(procs),
             pids,
+            remote,
             failed: AtomicBool::new(false),
             death: Mutex::new(None),
         }
     }
 
-    /// The process ids, by rank.
-    pub fn pids(&self) -> &[u32] {
-        &self.pids
+    /// The process ids, by rank (a remote rank's is a process on its node,
+    /// 0 until it is ready).
+    pub fn pids(&self) -> Vec<u32> {
+        (0..self.pids.len().max(self.remote.world_size()))
+            .map(|r| self.pid(r))
+            .collect()
+    }
+
+    /// Rank `rank`'s process id.
+    pub fn pid(&self, rank: usize) -> u32 {
+        match self.pids.get(rank) {
+            Some(&pid) => pid,
+            None => self.remote.pid(rank),
+        }
+    }
+
+    /// The first worker found ended, by rank, and how (a headless node's
+    /// watch, which reports it to node 0).
+    pub fn first_exit(&self) -> Option<(usize, String)> {
+        match self.poll()? {
+            ExecutorError::WorkerDied { rank, status, .. } => Some((rank, status)),
+            other => Some((0, other.to_string())),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Vec<Proc>> {
@@ -77,7 +108,7 @@ impl WorkerSet {
             .as_ref()
             .map(|(rank, status)| ExecutorError::WorkerDied {
                 rank: *rank,
-                pid: self.pids[*rank],
+                pid: self.pid(*rank),
                 status: status.clone(),
             })
     }
@@ -92,6 +123,9 @@ impl WorkerSet {
             }
         }
         drop(procs);
+        if let Some((rank, status)) = self.remote.lost() {
+            self.record(rank, status);
+        }
         self.death()
     }
 
@@ -108,7 +142,7 @@ impl WorkerSet {
                 self.record(rank, status.clone());
                 return self.death().unwrap_or(ExecutorError::WorkerDied {
                     rank,
-                    pid: self.pids[rank],
+                    pid: self.pid(rank),
                     status,
                 });
             }
@@ -119,7 +153,7 @@ impl WorkerSet {
     fn record(&self, rank: usize, status: String) {
         let mut death = self.death.lock().unwrap_or_else(|e| e.into_inner());
         if death.is_none() {
-            tracing::error!(rank, pid = self.pids[rank], %status, "worker process died");
+            tracing::error!(rank, pid = self.pid(rank), %status, "worker process died");
             *death = Some((rank, status));
             self.failed.store(true, Ordering::Release);
         }
@@ -128,6 +162,7 @@ impl WorkerSet {
     /// Ends every process: closes the death pipes, waits up to `grace` for
     /// them to exit, sends SIGTERM, waits 4 s, sends SIGKILL, and reaps.
     pub fn terminate(&self, grace: Duration) {
+        self.remote.close();
         let mut procs = self.lock();
         procs.iter_mut().for_each(|p| drop(p.death_pipe.take()));
         if wait_all(&mut procs, grace) {

@@ -18,10 +18,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::monitor::{Monitor, WorkerSet};
+use super::nodes::{node_ranks, RemoteNodes};
 use super::rpc::ReplyBook;
 use super::{check_rank, Executor, ExecutorError, RpcFuture};
 use crate::config::EngineConfig;
-use crate::distributed::{AllReduceOwner, DEFAULT_SLOT_FLOATS};
+use crate::distributed::{AllReduceOwner, GroupHandle, TcpAllReduceHub, DEFAULT_SLOT_FLOATS};
 use crate::message_queue::{Handle, MessageQueue, QueueConfig, QueueError};
 use crate::sampling::rng::Xoshiro256StarStar;
 use crate::step::{RpcRequest, RpcValue};
@@ -39,6 +40,8 @@ pub struct MultiprocExecutor {
     /// The tensor-parallel all-reduce segment (`world_size > 1`), kept so
     /// its name is unlinked even if a rank never attaches.
     all_reduce: Option<AllReduceOwner>,
+    /// The all-reduce hub of a multi-node group, kept for the group's life.
+    hub: Option<TcpAllReduceHub>,
     /// Seeds for requests that gave none, drawn here so that every
     /// tensor-parallel rank samples the same tokens.
     seeds: Xoshiro256StarStar,
@@ -69,8 +72,18 @@ impl MultiprocExecutor {
             let what = what.to_string();
             move |source| ExecutorError::Queue { what, source }
         };
-        let rpc = MessageQueue::new_writer(world_size, QueueConfig::default())
-            .map_err(queue_err("creating the broadcast queue"))?;
+        // A multi-node group: this machine runs the first ranks, the other
+        // nodes read the broadcast queue over TCP.
+        let nnodes = p.nnodes.max(1);
+        let local = node_ranks(world_size, nnodes, 0);
+        let remote_ranks: Vec<usize> = (local.end..world_size).collect();
+        let rpc = MessageQueue::new_writer_with_remote(
+            world_size,
+            &remote_ranks,
+            &p.master_addr,
+            QueueConfig::default(),
+        )
+        .map_err(queue_err("creating the broadcast queue"))?;
         // Tensor parallelism shards the model over the ranks; without it
         // (`tensor_parallel_size = 1`) several ranks are whole replicas.
         let tp = p.tensor_parallel_size;
@@ -82,12 +95,20 @@ impl MultiprocExecutor {
                 ),
             });
         }
-        let all_reduce = (tp > 1)
+        let all_reduce = (tp > 1 && nnodes == 1)
             .then(|| AllReduceOwner::create(world_size, DEFAULT_SLOT_FLOATS, execute_model_timeout))
             .transpose()
             .map_err(|e| ExecutorError::Start {
                 rank: 0,
                 message: format!("cannot create the tensor-parallel all-reduce segment: {e}"),
+            })?;
+        // Across machines the all-reduce runs through a hub in this process.
+        let hub = (tp > 1 && nnodes > 1)
+            .then(|| TcpAllReduceHub::start(world_size, &p.master_addr, execute_model_timeout))
+            .transpose()
+            .map_err(|e| ExecutorError::Start {
+                rank: 0,
+                message: format!("cannot start the tensor-parallel all-reduce hub: {e}"),
             })?;
         let boot = |rank| Bootstrap {
             rank,
@@ -96,12 +117,16 @@ impl MultiprocExecutor {
             eos_token_id,
             rpc_handle: rpc.export_handle(),
             attach_timeout: start_timeout,
-            all_reduce: all_reduce.as_ref().map(|a| a.handle().clone()),
+            all_reduce: all_reduce
+                .as_ref()
+                .map(|a| GroupHandle::Shm(a.handle().clone()))
+                .or_else(|| hub.as_ref().map(|h| GroupHandle::Tcp(h.handle()))),
+            response_bind: None,
         };
         let (ready_tx, ready_rx) = mpsc::channel();
         let mut children = Vec::with_capacity(world_size);
         let mut spawned = Ok(());
-        for rank in 0..world_size {
+        for rank in local {
             match spawn(&exe, &boot(rank), ready_tx.clone()) {
                 Ok(child) => children.push(child),
                 Err(message) => {
@@ -110,8 +135,20 @@ impl MultiprocExecutor {
                 }
             }
         }
+        let remote = match spawned {
+            Ok(()) if nnodes > 1 => {
+                let listen = format!("{}:{}", p.master_addr, p.master_port);
+                RemoteNodes::accept(&listen, nnodes, world_size, &boot, &ready_tx, start_timeout)
+            }
+            Ok(()) => Ok(RemoteNodes::none()),
+            Err(e) => Err(e),
+        };
         drop(ready_tx);
-        let workers = Arc::new(WorkerSet::new(children));
+        let (remote, spawned) = match remote {
+            Ok(remote) => (remote, Ok(())),
+            Err(e) => (RemoteNodes::none(), Err(e)),
+        };
+        let workers = Arc::new(WorkerSet::with_remote(children, remote));
         let connected = spawned.and_then(|()| {
             let (handles, load_s) = collect_ready(&workers, &ready_rx, world_size, start_timeout)?;
             let queues = handles
@@ -148,6 +185,7 @@ impl MultiprocExecutor {
             execute_model_timeout: Some(execute_model_timeout),
             shutdown_timeout,
             all_reduce,
+            hub,
             seeds: Xoshiro256StarStar::from_entropy(),
             load_s,
         })
@@ -158,8 +196,8 @@ impl MultiprocExecutor {
         self.load_s
     }
 
-    /// The worker processes' ids, by rank.
-    pub fn worker_pids(&self) -> &[u32] {
+    /// The worker processes' ids, by rank (a remote rank's on its node).
+    pub fn worker_pids(&self) -> Vec<u32> {
         self.workers.pids()
     }
 }
@@ -202,7 +240,7 @@ impl Executor for MultiprocExecutor {
             return Err(death);
         }
         let output_rank = unique_reply_rank.map(|r| r as u32);
-        let args = if self.all_reduce.is_some() {
+        let args = if self.all_reduce.is_some() || self.hub.is_some() {
             seed_unseeded(args, &mut self.seeds)
         } else {
             args
@@ -265,7 +303,7 @@ fn seed_unseeded(args: RpcValue, seeds: &mut Xoshiro256StarStar) -> RpcValue {
 
 /// Starts one worker process and writes its bootstrap; a thread forwards
 /// its ready line (or the end of its stdout) to `ready`.
-fn spawn(
+pub(super) fn spawn(
     exe: &Path,
     boot: &Bootstrap,
     ready: mpsc::Sender<(usize, std::io::Result<String>)>,
