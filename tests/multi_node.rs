@@ -16,10 +16,10 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use host::config::EngineConfig;
-use host::engine::{Completion, Llm, MultiprocExecutor};
+use host::engine::{Completion, GenerateRequest, Llm, MultiprocExecutor, Prompt};
 use host::sampling::SamplingParams;
 
-use e2e::netns::{free_port, tp3_config, Node, Veth};
+use e2e::netns::{children, free_port, tp3_config, Node, Veth};
 
 /// One test at a time: each starts three workers on the two cores.
 fn serial() -> MutexGuard<'static, ()> {
@@ -128,4 +128,70 @@ fn losing_the_remote_worker_or_its_node_is_a_death_named_within_2_s() {
         let _ = node.0.kill();
         let _ = node.0.wait();
     }
+}
+
+#[test]
+fn a_group_whose_remote_worker_died_is_restarted_with_the_node_and_finishes_unchanged() {
+    let _serial = serial();
+    let prompts = ["The capital of France is", "Once upon a time"];
+    let params = SamplingParams {
+        temperature: 0.0,
+        max_tokens: 40,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    };
+    let mut undisturbed = Llm::new(&config(1, "127.0.0.1", 29501)).expect("the engine starts");
+    let reference = e2e::generate_all(&mut undisturbed, &prompts, &params);
+    drop(undisturbed);
+
+    let veth = Veth::new(3);
+    let port = free_port();
+    let node = Node(veth.headless_node(port));
+    let mut c = config(2, &veth.addr_here, port);
+    c.engine.max_restarts = 1;
+    let mut llm = Llm::new(&c).expect("the two-node group starts");
+    let requests: Vec<GenerateRequest> = prompts
+        .iter()
+        .map(|p| GenerateRequest {
+            prompt: Prompt::Text(p.to_string()),
+            params: params.clone(),
+            priority: 0,
+        })
+        .collect();
+    let mut deltas = 0;
+    let mut killed = None;
+    let results = llm
+        .generate(
+            &requests,
+            |_, _| {
+                deltas += 1;
+                if deltas == 10 {
+                    // Node 1's only child is its worker, rank 2.
+                    let victim = children(node.0.id());
+                    assert_eq!(victim.len(), 1, "node 1 runs one worker: {victim:?}");
+                    kill(victim[0]);
+                    killed = Some(victim[0]);
+                }
+            },
+            |_, _| {},
+        )
+        .expect("the engine outlives one restart");
+    assert!(killed.is_some(), "the worker was killed mid-generation");
+    assert_eq!(
+        llm.stats().num_worker_restarts,
+        1,
+        "the group was restarted once"
+    );
+    for (p, (want, got)) in reference.iter().zip(results).enumerate() {
+        let got = got.expect("every request finishes");
+        assert_eq!(
+            got.token_ids, want.token_ids,
+            "prompt {p} changed across the restart"
+        );
+    }
+    let now = children(node.0.id());
+    assert!(
+        now.len() == 1 && Some(now[0]) != killed,
+        "node 1 runs a new worker for the new group: {now:?}, killed {killed:?}"
+    );
 }

@@ -129,3 +129,19 @@ pub fn tp3_config(nnodes: usize, master: &str, port: u16) -> EngineConfig {
     c.parallel.master_port = port;
     c
 }
+
+/// The processes whose parent is `pid` (read from `/proc`).
+pub fn children(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            // The parent is the second field after the command's closing parenthesis.
+            let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+            after.split_whitespace().nth(1) == Some(&pid.to_string())
+        })
+        .collect()
+}
