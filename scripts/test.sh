@@ -50,6 +50,13 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
     $sudo apt-get install -y -qq --no-install-recommends chromium chromium-driver
 fi
 python3 -m pip install --quiet --disable-pip-version-check -r tests/browser/requirements.txt
+# The multi-node tests (tests/multi_node.rs) run node 1 in a network
+# namespace behind a veth pair: iproute2's `ip`, as root.
+if ! command -v ip >/dev/null; then
+    sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+    $sudo apt-get update -qq
+    $sudo apt-get install -y -qq --no-install-recommends iproute2
+fi
 
 cargo test --workspace --all-targets
 

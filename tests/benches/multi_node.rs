@@ -23,7 +23,6 @@ use host::sampling::SamplingParams;
 use host::step::RpcValue;
 
 const TIMEOUT: Option<Duration> = Some(Duration::from_secs(10));
-const CALLS: usize = 3_000;
 /// SmolLM2-135M: 30 layers, two all-reduces each.
 const ALL_REDUCES_PER_TOKEN: f64 = 60.0;
 
@@ -34,7 +33,7 @@ struct Figures {
     decode_ms: f64,
 }
 
-fn measure(config: &EngineConfig) -> Figures {
+fn measure(config: &EngineConfig, calls: usize) -> Figures {
     let mut ex = MultiprocExecutor::start(config, None, 3).expect("the group starts");
     let mut call = || {
         let t = Instant::now();
@@ -45,7 +44,7 @@ fn measure(config: &EngineConfig) -> Figures {
     (0..200).for_each(|_| {
         call();
     });
-    let mut times: Vec<Duration> = (0..CALLS).map(|_| call()).collect();
+    let mut times: Vec<Duration> = (0..calls).map(|_| call()).collect();
     times.sort();
     drop(ex);
     let us = |q: f64| times[((times.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e6;
@@ -76,17 +75,21 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
+    // `cargo bench` passes --bench; `cargo test --all-targets` runs this
+    // once as a smoke test, short.
+    let bench = std::env::args().any(|a| a == "--bench");
     let reps: usize = std::env::var("REPS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
+        .unwrap_or(if bench { 3 } else { 1 });
+    let calls = if bench { 3_000 } else { 100 };
     let veth = Veth::new(9);
     let (mut shm, mut tcp) = (Vec::new(), Vec::new());
     for rep in 0..reps {
-        shm.push(measure(&tp3_config(1, "127.0.0.1", free_port())));
+        shm.push(measure(&tp3_config(1, "127.0.0.1", free_port()), calls));
         let port = free_port();
         let _node = Node(veth.headless_node(port));
-        tcp.push(measure(&tp3_config(2, &veth.addr_here, port)));
+        tcp.push(measure(&tp3_config(2, &veth.addr_here, port), calls));
         eprintln!("rep {rep} done");
     }
     let col = |v: &[Figures], f: fn(&Figures) -> f64| median(v.iter().map(f).collect());
