@@ -60,6 +60,11 @@ fi
 
 cargo test --workspace --all-targets
 
+# The deployment files (docs/deploy/): strict Kubernetes schemas, the custom
+# resources' fields, and the node place the engine takes under each launcher.
+python3 -m pip install --quiet --disable-pip-version-check -r tests/deploy/requirements.txt
+python3 tests/deploy/check.py target/debug/host
+
 # The CUDA runner's CPU-verifiable parts (`--features cuda`): every kernel
 # compiled to PTX for sm_90 by the wheel's NVRTC (a kernel that does not
 # compile fails here), and the host-side logic. The GPU checks themselves

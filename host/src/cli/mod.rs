@@ -60,7 +60,8 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum ConfigCommand {
-    /// Print the effective configuration (file + flags + defaults) as TOML.
+    /// Print the effective configuration (file + flags + defaults, and the
+    /// node place a launcher's environment gives `serve`) as TOML.
     Show,
 }
 
@@ -191,9 +192,9 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => args.overrides(),
         _ => Vec::new(),
     };
-    // Only a server takes its node place from a launcher: one command line
-    // then serves every node of a group.
-    let serving = matches!(command, Command::Serve(_));
+    // Only a server takes its node place from a launcher (one command line
+    // then serves every node of a group); `config show` shows what it would.
+    let serving = matches!(command, Command::Serve(_) | Command::Config(_));
     let loaded = match command {
         // Worker and engine-core processes get their configuration from
         // their parent, already resolved.

@@ -1,0 +1,247 @@
+"""Checks the deployment files in docs/deploy/.
+
+- Kubernetes objects of the core API (ConfigMap, Deployment, Service) are
+  validated, strictly (no unknown field), against the published Kubernetes
+  schemas bundled by kubernetes-validate.
+- The custom resources: every pod template inside a LeaderWorkerSet is
+  validated as a core PodTemplate the same way; the LeaderWorkerSet's and
+  the InferencePool's own fields against schemas written here from their
+  published API types (leaderworkerset.x-k8s.io/v1, inference.networking.k8s.io/v1),
+  no unknown field allowed.
+- Consistency: the InferencePool selects the Deployment's pods on the port
+  they serve; the LeaderWorkerSet's ConfigMap carries docs/deploy/tp3.toml.
+- The engine's side: `host config show`, given each pod's (or Slurm
+  task's) command-line flags and the environment its launcher sets, yields
+  the node place the group needs (nnodes, node_rank, master_addr).
+
+Usage: python3 tests/deploy/check.py target/debug/host
+"""
+
+import os
+import pathlib
+import shlex
+import subprocess
+import sys
+import tempfile
+import tomllib
+
+import jsonschema
+import kubernetes_validate
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "docs" / "deploy"
+K8S_VERSION = "1.33.0"
+
+NAME = {"type": "string", "minLength": 1}
+PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
+METADATA = {"type": "object", "required": ["name"], "properties": {"name": NAME}}
+
+
+def closed(properties, required=()):
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(required),
+        "additionalProperties": False,
+    }
+
+
+# leaderworkerset.x-k8s.io/v1 LeaderWorkerSetSpec (api/leaderworkerset/v1).
+LWS = closed(
+    {
+        "apiVersion": {"const": "leaderworkerset.x-k8s.io/v1"},
+        "kind": {"const": "LeaderWorkerSet"},
+        "metadata": METADATA,
+        "spec": closed(
+            {
+                "replicas": {"type": "integer", "minimum": 0},
+                "startupPolicy": {"enum": ["LeaderCreated", "LeaderReady"]},
+                "networkConfig": {"type": "object"},
+                "rolloutStrategy": {"type": "object"},
+                "leaderWorkerTemplate": closed(
+                    {
+                        "size": {"type": "integer", "minimum": 1},
+                        "restartPolicy": {
+                            "enum": ["RecreateGroupOnPodRestart", "None", "Default"]
+                        },
+                        "leaderTemplate": {"type": "object"},
+                        "workerTemplate": {"type": "object"},
+                        "subGroupPolicy": {"type": "object"},
+                    },
+                    required=["workerTemplate"],
+                ),
+            },
+            required=["leaderWorkerTemplate"],
+        ),
+    },
+    required=["apiVersion", "kind", "metadata", "spec"],
+)
+
+# inference.networking.k8s.io/v1 InferencePoolSpec (GAIE api/v1).
+POOL = closed(
+    {
+        "apiVersion": {"const": "inference.networking.k8s.io/v1"},
+        "kind": {"const": "InferencePool"},
+        "metadata": METADATA,
+        "spec": closed(
+            {
+                "selector": closed(
+                    {
+                        "matchLabels": {
+                            "type": "object",
+                            "additionalProperties": {"type": "string"},
+                            "minProperties": 1,
+                        }
+                    },
+                    required=["matchLabels"],
+                ),
+                "targetPorts": {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": 8,
+                    "items": closed({"number": PORT}, required=["number"]),
+                },
+                "endpointPickerRef": closed(
+                    {
+                        "group": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "name": NAME,
+                        "port": closed({"number": PORT}, required=["number"]),
+                        "failureMode": {"enum": ["FailOpen", "FailClose"]},
+                    },
+                    required=["name"],
+                ),
+            },
+            required=["selector", "targetPorts", "endpointPickerRef"],
+        ),
+    },
+    required=["apiVersion", "kind", "metadata", "spec"],
+)
+
+
+def core(doc, what):
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    print(f"ok  {what}: {doc['kind']} {doc['metadata']['name']} (Kubernetes {K8S_VERSION} schema, strict)")
+
+
+def pod_template(template, what):
+    wrapper = {
+        "apiVersion": "v1",
+        "kind": "PodTemplate",
+        "metadata": {"name": "check"},
+        "template": template,
+    }
+    kubernetes_validate.validate(wrapper, K8S_VERSION, strict=True)
+    print(f"ok  {what} (as a core PodTemplate, strict)")
+
+
+def host_config(host, argv, env):
+    """What `host config show` makes of `host serve` flags `argv` under `env`."""
+    assert argv[:2] == ["host", "serve"], f"not a `host serve` command: {argv}"
+    flags = [a for a in argv[2:] if a != "--headless"]
+    serve_only = {"--host", "--port", "--api-key"}
+    kept, skip = [], False
+    for a in flags:
+        if skip:
+            skip = False
+        elif a in serve_only:
+            skip = True
+        else:
+            kept.append(a)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("LWS_", "SLURM_", "MASTER_"))}
+    out = subprocess.run(
+        [host, "config", "show", *kept],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, f"host config show {kept} failed: {out.stderr}"
+    return tomllib.loads(out.stdout)
+
+
+def expect_place(config, nnodes, node_rank, master, what):
+    p = config["parallel"]
+    got = (p["nnodes"], p["node_rank"], p["master_addr"])
+    assert got == (nnodes, node_rank, master), f"{what}: (nnodes, node_rank, master_addr) = {got}"
+    print(f"ok  {what}: nnodes {nnodes}, node rank {node_rank}, master {master}")
+
+
+def with_config_mounted(argv, configmap):
+    """`argv` with /etc/host/<file> pointing at the ConfigMap's contents."""
+    tmp = pathlib.Path(tempfile.mkdtemp())
+    for name, text in configmap["data"].items():
+        (tmp / name).write_text(text)
+    return [a.replace("/etc/host", str(tmp)) for a in argv]
+
+
+def check_lws(host, docs):
+    configmap = next(d for d in docs if d["kind"] == "ConfigMap")
+    assert tomllib.loads(configmap["data"]["tp3.toml"]) == tomllib.loads(
+        (DEPLOY / "tp3.toml").read_text()
+    ), "the ConfigMap's tp3.toml differs from docs/deploy/tp3.toml"
+    for doc in docs:
+        if doc["kind"] != "LeaderWorkerSet":
+            core(doc, "leaderworkerset.yaml")
+            continue
+        jsonschema.validate(doc, LWS)
+        print("ok  leaderworkerset.yaml: LeaderWorkerSet fields (leaderworkerset.x-k8s.io/v1)")
+        lwt = doc["spec"]["leaderWorkerTemplate"]
+        size = lwt["size"]
+        leader = f"{doc['metadata']['name']}-0.{doc['metadata']['name']}.default"
+        for index, key in [(0, "leaderTemplate"), (1, "workerTemplate")]:
+            pod_template(lwt[key], f"leaderworkerset.yaml: {key}")
+            argv = with_config_mounted(lwt[key]["spec"]["containers"][0]["command"], configmap)
+            env = {
+                "LWS_LEADER_ADDRESS": leader,
+                "LWS_GROUP_SIZE": str(size),
+                "LWS_WORKER_INDEX": str(index),
+            }
+            config = host_config(host, argv, env)
+            expect_place(config, size, index, leader, f"leaderworkerset.yaml: {key} as pod {index}")
+            assert config["parallel"]["tensor_parallel_size"] >= size
+
+
+def check_replicas(host, docs):
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    pool = next(d for d in docs if d["kind"] == "InferencePool")
+    core(deployment, "replicas.yaml")
+    jsonschema.validate(pool, POOL)
+    print("ok  replicas.yaml: InferencePool fields (inference.networking.k8s.io/v1)")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    selector = pool["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= labels.items(), f"the pool selects {selector}, the pods carry {labels}"
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    argv = container["command"]
+    port = int(argv[argv.index("--port") + 1])
+    assert [p["number"] for p in pool["spec"]["targetPorts"]] == [port]
+    assert port in [p["containerPort"] for p in container["ports"]]
+    print(f"ok  replicas.yaml: the pool selects the Deployment's pods on port {port}")
+    config = host_config(host, argv, {})
+    assert config["kv_events"]["enable_kv_cache_events"] is True
+    expect_place(config, 1, 0, "127.0.0.1", "replicas.yaml: each replica")
+
+
+def check_slurm(host):
+    script = (DEPLOY / "host.sbatch").read_text()
+    subprocess.run(["bash", "-n", str(DEPLOY / "host.sbatch")], check=True)
+    line = next(l for l in script.splitlines() if l.startswith("srun "))
+    argv = shlex.split(line.replace('"$CONFIG"', "docs/deploy/tp3.toml"))
+    argv = argv[argv.index("host"):]
+    for rank in (0, 1):
+        env = {"SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "cpu[07-08]"}
+        config = host_config(host, argv, env)
+        expect_place(config, 2, rank, "cpu07", f"host.sbatch: task {rank}")
+
+
+def main():
+    host = sys.argv[1]
+    check_lws(host, list(yaml.safe_load_all((DEPLOY / "leaderworkerset.yaml").read_text())))
+    check_replicas(host, list(yaml.safe_load_all((DEPLOY / "replicas.yaml").read_text())))
+    check_slurm(host)
+    print("deployment files: all checks passed")
+
+
+if __name__ == "__main__":
+    main()
