@@ -1,6 +1,6 @@
 //! [`MessageQueue`], one end of a broadcast queue: it routes each message
 //! to the shared-memory ring for the readers on this host (`queue.rs`) and
-//! as a TCP frame to the readers on other hosts (`tcp.rs`), as vLLM's
+//! as a TCP frame to the readers on other hosts (`tcp/`), as vLLM's
 //! shm_broadcast `MessageQueue` does with its local and remote readers.
 //!
 //! The writer publishes to the ring first, then sends to the TCP readers:

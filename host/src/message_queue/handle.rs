@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 /// Everything a reader needs to attach to a queue, in the shape of vLLM's
 /// `Handle`: the ranks in `local_reader_ranks` attach to the shared segment;
 /// every other rank below `n_readers` connects over TCP to `remote_addr`
-/// (see `tcp.rs`). Send it to the reader processes in any serde format
+/// (see `tcp/`). Send it to the reader processes in any serde format
 /// (JSON on a pipe, an environment variable, ...).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Handle {

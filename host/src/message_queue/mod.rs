@@ -16,7 +16,7 @@
 //!   the last process exits, whatever the cause). Until then, names carry
 //!   their owner's pid and start time, so a reader that finds the owner dead
 //!   and every new writer unlink the segments of dead owners.
-//! - **Remote readers** (`tcp.rs`, routed by `endpoint.rs`): the writer
+//! - **Remote readers** (`tcp/`, routed by `endpoint.rs`): the writer
 //!   listens, each remote rank connects and says hello (magic, version,
 //!   rank), and gets every message as a length-prefixed frame; a lost
 //!   connection is [`QueueError::ConnectionLost`] naming the peer and rank.

@@ -1,4 +1,4 @@
-//! Remote readers over TCP (`tcp.rs`), all on 127.0.0.1 with threads for
+//! Remote readers over TCP (`tcp/`), all on 127.0.0.1 with threads for
 //! processes: mixed and all-remote queues, timeouts, lost connections,
 //! shutdown, and hostile peers on either side of a connection.
 
