@@ -46,6 +46,7 @@ mod handle;
 mod layout;
 #[cfg(test)]
 mod model;
+pub(crate) mod net;
 pub(crate) mod process;
 mod queue;
 mod tcp;

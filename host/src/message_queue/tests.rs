@@ -8,7 +8,7 @@ use super::*;
 
 const SEC: Option<Duration> = Some(Duration::from_secs(10));
 
-fn small_ring(n_chunks: usize, max_chunk_bytes: usize) -> QueueConfig {
+pub(super) fn small_ring(n_chunks: usize, max_chunk_bytes: usize) -> QueueConfig {
     QueueConfig {
         n_chunks,
         max_chunk_bytes,

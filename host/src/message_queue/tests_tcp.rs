@@ -8,18 +8,11 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use super::tests::small_ring;
 use super::*;
 
 const SEC: Option<Duration> = Some(Duration::from_secs(10));
 const READY: Duration = Duration::from_secs(10);
-
-fn small_ring(n_chunks: usize, max_chunk_bytes: usize) -> QueueConfig {
-    QueueConfig {
-        n_chunks,
-        max_chunk_bytes,
-        ..QueueConfig::default()
-    }
-}
 
 /// The payload of message `seq`: sizes around and far beyond a chunk of
 /// `chunk` bytes; bytes that depend on `seq`, so a mix-up shows.

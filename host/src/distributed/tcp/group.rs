@@ -4,7 +4,6 @@
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::Mutex;
-use std::thread;
 use std::time::{Duration, Instant};
 
 use super::{
@@ -14,10 +13,10 @@ use super::{
     TCP_CHUNK_FLOATS,
 };
 use crate::distributed::all_reduce::AllReduceError;
+use crate::message_queue::net::connect_retrying;
 
 /// How long a rank keeps retrying to connect to the hub.
 const CONNECT_DEADLINE: Duration = Duration::from_secs(5);
-const CONNECT_RETRY: Duration = Duration::from_millis(50);
 
 /// One rank's end of a TCP group. `Sync`: calls are serialised internally,
 /// so a rank's frames go out in call order.
@@ -56,7 +55,22 @@ impl TcpAllReduceGroup {
             .to_socket_addrs()
             .map_err(|e| hub_err(hub, format!("rank {rank}: bad hub address: {e}")))?
             .collect();
-        let stream = connect_retrying(&addrs, hub, rank)?;
+        if addrs.is_empty() {
+            return Err(hub_err(
+                hub,
+                format!("rank {rank}: the hub address resolves to nothing"),
+            ));
+        }
+        let stream = connect_retrying(&addrs[..], CONNECT_DEADLINE).map_err(|e| {
+            hub_err(
+                hub,
+                format!(
+                    "rank {rank} cannot connect to the tensor-parallel all-reduce hub (tried for \
+                     {CONNECT_DEADLINE:?}): {e}; check that the engine is running and this host \
+                     can reach that address"
+                ),
+            )
+        })?;
         let setup = |e: io::Error| hub_err(hub, format!("rank {rank}: socket setup: {e}"));
         stream.set_nodelay(true).map_err(setup)?;
         stream.set_read_timeout(Some(ACK_TIMEOUT)).map_err(setup)?;
@@ -333,40 +347,4 @@ fn hang_up(stream: &mut TcpStream, why: u64) {
     header[8..].copy_from_slice(&why.to_le_bytes());
     let _ = stream.set_write_timeout(Some(REASON_WAIT));
     let _ = stream.write_all(&header);
-}
-
-/// Connects to one of `addrs`, retrying until [`CONNECT_DEADLINE`].
-fn connect_retrying(
-    addrs: &[SocketAddr],
-    hub: &str,
-    rank: usize,
-) -> Result<TcpStream, AllReduceError> {
-    if addrs.is_empty() {
-        return Err(hub_err(
-            hub,
-            format!("rank {rank}: the hub address resolves to nothing"),
-        ));
-    }
-    let start = Instant::now();
-    loop {
-        let mut last = None;
-        for a in addrs {
-            match TcpStream::connect_timeout(a, Duration::from_secs(1)) {
-                Ok(s) => return Ok(s),
-                Err(e) => last = Some(e),
-            }
-        }
-        if start.elapsed() >= CONNECT_DEADLINE {
-            let e = last.map(|e| e.to_string()).unwrap_or_default();
-            return Err(hub_err(
-                hub,
-                format!(
-                    "rank {rank} cannot connect to the tensor-parallel all-reduce hub (tried for {:?}): {e}; \
-                     check that the engine is running and this host can reach that address",
-                    start.elapsed()
-                ),
-            ));
-        }
-        thread::sleep(CONNECT_RETRY);
-    }
 }

@@ -2,7 +2,7 @@
 //! reader thread per rank, the sum in rank order and the replies.
 
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
@@ -18,33 +18,6 @@ use crate::distributed::all_reduce::AllReduceError;
 /// How often the hub's accept loop checks whether the hub was dropped.
 const ACCEPT_POLL: Duration = Duration::from_millis(5);
 
-/// The addresses `bind` names: `host`, `host:port`, `[v6]` or `[v6]:port`;
-/// no port (or port 0) lets the OS pick one.
-fn bind_addrs(bind: &str) -> io::Result<Vec<SocketAddr>> {
-    if let Ok(addr) = bind.parse::<SocketAddr>() {
-        return Ok(vec![addr]);
-    }
-    let bare = bind
-        .strip_prefix('[')
-        .and_then(|b| b.strip_suffix(']'))
-        .unwrap_or(bind);
-    if let Ok(ip) = bare.parse::<IpAddr>() {
-        return Ok(vec![SocketAddr::new(ip, 0)]);
-    }
-    let (host, port) = match bind.rsplit_once(':') {
-        Some((host, port)) => match port.parse::<u16>() {
-            Ok(port) => (host, port),
-            Err(_) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("`{port}` is not a port number"),
-                ))
-            }
-        },
-        None => (bind, 0),
-    };
-    Ok((host, port).to_socket_addrs()?.collect())
-}
 /// What the hub's threads share with its owner.
 struct Shared {
     state: Mutex<HubState>,
@@ -135,7 +108,8 @@ impl TcpAllReduceHub {
         timeout: Duration,
     ) -> Result<TcpAllReduceHub, AllReduceError> {
         check_params(world_size, timeout)?;
-        let addrs = bind_addrs(bind).map_err(|e| hub_err(bind, format!("bad address: {e}")))?;
+        let addrs = crate::message_queue::net::bind_addrs(bind)
+            .map_err(|e| hub_err(bind, format!("bad address: {e}")))?;
         let listener = TcpListener::bind(&addrs[..])
             .map_err(|e| hub_err(bind, format!("cannot listen: {e}")))?;
         let local = listener

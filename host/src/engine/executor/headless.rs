@@ -23,6 +23,7 @@ use super::monitor::WorkerSet;
 use super::multiproc::{spawn, worker_executable};
 use super::nodes::{NodeMessage, NODE_PROTOCOL_VERSION};
 use crate::config::EngineConfig;
+use crate::message_queue::net::connect_retrying;
 
 /// How often the node looks at its workers and node 0's connection.
 const POLL: Duration = Duration::from_millis(100);
@@ -46,7 +47,7 @@ pub fn run(config: &EngineConfig) -> anyhow::Result<()> {
         .context("parallel.worker_shutdown_timeout_s")?;
     let mut groups = 0usize;
     loop {
-        let Some(stream) = connect(&master, window) else {
+        let Ok(stream) = connect_retrying(master.as_str(), window) else {
             if groups == 0 {
                 bail!(
                     "node 0 at {master} did not answer within {window:?} \
@@ -60,18 +61,6 @@ pub fn run(config: &EngineConfig) -> anyhow::Result<()> {
         groups += 1;
         serve_group(config, &exe, stream, window, shutdown_grace)
             .with_context(|| format!("node {} serving node 0 at {master}", p.node_rank))?;
-    }
-}
-
-/// Connects to node 0, retrying until `window` passes.
-fn connect(master: &str, window: Duration) -> Option<TcpStream> {
-    let deadline = Instant::now() + window;
-    loop {
-        match TcpStream::connect(master) {
-            Ok(s) => return Some(s),
-            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(200)),
-            Err(_) => return None,
-        }
     }
 }
 

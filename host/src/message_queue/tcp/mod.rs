@@ -37,7 +37,7 @@ pub use reader::TcpReader;
 pub use writer::TcpWriter;
 
 use std::io::{self, ErrorKind, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use super::error::QueueError;
@@ -176,30 +176,9 @@ fn keep_alive(_stream: &TcpStream) {}
 /// Resolves a bind address: `"host"` or `"host:port"` (an IPv6 address
 /// with a port in brackets); without a port the OS picks one.
 fn resolve(bind: &str) -> Result<Vec<SocketAddr>, QueueError> {
-    let bad = |detail: String| {
+    super::net::bind_addrs(bind).map_err(|e| {
         QueueError::InvalidConfig(format!(
-            "bind address {bind:?} for remote readers: {detail}; use \"host\" or \"host:port\""
+            "bind address {bind:?} for remote readers: {e}; use \"host\" or \"host:port\""
         ))
-    };
-    if let Ok(addr) = bind.parse::<SocketAddr>() {
-        return Ok(vec![addr]);
-    }
-    let bare = bind.trim_start_matches('[').trim_end_matches(']');
-    if let Ok(ip) = bare.parse::<IpAddr>() {
-        return Ok(vec![SocketAddr::new(ip, 0)]);
-    }
-    let found = match bind.rsplit_once(':') {
-        Some((host, port)) => {
-            let port: u16 = port
-                .parse()
-                .map_err(|_| bad(format!("port {port:?} is not in 0..=65535")))?;
-            (host, port).to_socket_addrs()
-        }
-        None => (bind, 0).to_socket_addrs(),
-    };
-    let addrs: Vec<_> = found.map_err(|e| bad(e.to_string()))?.collect();
-    if addrs.is_empty() {
-        return Err(bad("it resolves to no address".into()));
-    }
-    Ok(addrs)
+    })
 }

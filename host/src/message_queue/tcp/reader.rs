@@ -13,14 +13,11 @@ use super::{
 };
 use crate::message_queue::error::QueueError;
 use crate::message_queue::handle::HANDLE_VERSION;
+use crate::message_queue::net::connect_retrying;
 
 /// How long a reader keeps trying to connect: the writer may still be
 /// binding, or its host still starting.
 pub const CONNECT_DEADLINE: Duration = Duration::from_secs(5);
-/// The longest single connect attempt.
-const CONNECT_ATTEMPT: Duration = Duration::from_secs(1);
-/// The pause between connect attempts.
-const CONNECT_RETRY: Duration = Duration::from_millis(50);
 
 /// A reader's side: one connection to the writer.
 pub struct TcpReader {
@@ -111,24 +108,13 @@ impl TcpReader {
             rank,
             detail,
         };
-        let started = Instant::now();
-        let stream = loop {
-            let left = CONNECT_DEADLINE.saturating_sub(started.elapsed());
-            let attempt = left.clamp(Duration::from_millis(1), CONNECT_ATTEMPT);
-            match TcpStream::connect_timeout(&writer, attempt) {
-                Ok(stream) => break stream,
-                Err(_) if started.elapsed() + CONNECT_RETRY < CONNECT_DEADLINE => {
-                    std::thread::sleep(CONNECT_RETRY)
-                }
-                Err(e) => {
-                    return Err(lost(format!(
-                        "reader rank {rank} could not connect to the writer within \
-                         {CONNECT_DEADLINE:?}: {e}; is the writer running, and reachable from \
-                         this host?"
-                    )))
-                }
-            }
-        };
+        let stream = connect_retrying(writer, CONNECT_DEADLINE).map_err(|e| {
+            lost(format!(
+                "reader rank {rank} could not connect to the writer within \
+                 {CONNECT_DEADLINE:?}: {e}; is the writer running, and reachable from \
+                 this host?"
+            ))
+        })?;
         let mut hello = [0; HELLO_LEN];
         hello[..8].copy_from_slice(&HELLO_MAGIC);
         hello[8..12].copy_from_slice(&HANDLE_VERSION.to_le_bytes());
