@@ -243,15 +243,18 @@ fn exclusive() -> RwLockWriteGuard<'static, ()> {
     ENGINES.write().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The state letter of the thread named `name` (`R` running, `S`
-/// sleeping) of process `pid` (`self` for this one), from /proc.
-fn thread_state(pid: &str, name: &str) -> Option<char> {
+/// The CPU time, in clock ticks (user + system), that the thread named
+/// `name` of process `pid` (`self` for this one) has used, from /proc.
+fn thread_cpu_ticks(pid: &str, name: &str) -> Option<u64> {
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
         let dir = task.ok()?.path();
         if std::fs::read_to_string(dir.join("comm")).ok()?.trim() == name {
             let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
-            // The state follows the parenthesised command name.
-            return stat.rsplit_once(')')?.1.trim_start().chars().next();
+            // After the parenthesised command name: state is field 3, utime
+            // and stime are fields 14 and 15 of proc(5).
+            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            let ticks = |i: usize| fields.get(i - 3)?.parse::<u64>().ok();
+            return Some(ticks(14)? + ticks(15)?);
         }
     }
     None
@@ -273,17 +276,19 @@ fn an_idle_engine_sleeps_and_wakes_for_new_work() {
                 .len(),
             2
         );
-        // Blocked on its input queue, not spinning: the thread is asleep at
-        // every look (past the queue's short spin window).
+        // Blocked on its input queue, not spinning: past the queue's short
+        // spin window, the thread uses almost no CPU while idle. (It wakes
+        // every 200 ms to look at its workers, so its state letter alone
+        // could read "running" at an unlucky moment.) A spinning loop would
+        // use most of the second, even on a crowded machine.
         thread::sleep(Duration::from_millis(100));
-        for _ in 0..20 {
-            assert_eq!(
-                thread_state(&pid, "engine-core"),
-                Some('S'),
-                "{mode:?}: the idle busy loop must block"
-            );
-            thread::sleep(Duration::from_millis(5));
-        }
+        let before = thread_cpu_ticks(&pid, "engine-core").expect("an engine-core thread");
+        thread::sleep(Duration::from_secs(1));
+        let used = thread_cpu_ticks(&pid, "engine-core").unwrap() - before;
+        assert!(
+            used <= 10,
+            "{mode:?}: the idle busy loop must block, but it used {used} ticks of CPU in 1 s"
+        );
         assert_eq!(
             collect(&client, request("b", ids, greedy(2)))
                 .unwrap()
