@@ -203,6 +203,37 @@ fn bad_model_files_are_named() {
     assert_clear_error(&out, &["missing.gguf"]);
 }
 
+/// A kernel family the override cannot use is refused before anything
+/// runs, naming the variable, the value and what to pick instead.
+#[test]
+fn a_bad_kernel_override_is_named() {
+    let run = |value: &str| {
+        Command::new(host_bin())
+            .args([
+                "--model",
+                path(&default_model()),
+                "generate",
+                "--prompt",
+                "hi",
+            ])
+            .env("HOST_CPU_KERNELS", value)
+            .output()
+            .unwrap()
+    };
+    assert_clear_error(&run("neon"), &["HOST_CPU_KERNELS", "\"neon\"", "scalar"]);
+    // Which families a CPU lacks differs between machines (the AMD ones
+    // lack AVX-VNNI), so this case uses one this CPU lacks, if any.
+    let missing = host::kernels::CpuKernels::ALL
+        .into_iter()
+        .find(|k| !k.is_supported());
+    if let Some(k) = missing {
+        assert_clear_error(
+            &run(k.name()),
+            &["cannot run", k.name(), "Unset HOST_CPU_KERNELS"],
+        );
+    }
+}
+
 #[test]
 fn bad_batch_lines_are_named() {
     let dir = tempfile::tempdir().unwrap();

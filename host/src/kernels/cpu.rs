@@ -67,18 +67,24 @@ impl CpuKernels {
             .collect()
     }
 
-    /// The family in use: `HOST_CPU_KERNELS` if set, else the fastest
-    /// available. Read once per process.
+    /// The family `HOST_CPU_KERNELS` asks for (the fastest available when
+    /// it is unset or `auto`), or an error naming the value and the
+    /// families this CPU supports. The command line calls this before
+    /// anything runs, so a bad value is a clean error, never a panic.
+    pub fn from_env() -> Result<CpuKernels, String> {
+        let value = std::env::var(KERNELS_ENV).ok();
+        choose(value.as_deref(), &CpuKernels::available())
+    }
+
+    /// The family in use: [`CpuKernels::from_env`], read once per process.
     ///
     /// Panics (at the first kernel call) if `HOST_CPU_KERNELS` names an
-    /// unknown family or one this CPU lacks: a forced path exists for tests
-    /// and benchmarks, which must not silently measure another path.
+    /// unknown family or one this CPU lacks and nothing checked it first
+    /// (the `host` command does): a forced path exists for tests and
+    /// benchmarks, which must not silently measure another path.
     pub fn active() -> CpuKernels {
         static ACTIVE: OnceLock<CpuKernels> = OnceLock::new();
-        *ACTIVE.get_or_init(|| {
-            let value = std::env::var(KERNELS_ENV).ok();
-            choose(value.as_deref(), &CpuKernels::available()).unwrap_or_else(|e| panic!("{e}"))
-        })
+        *ACTIVE.get_or_init(|| CpuKernels::from_env().unwrap_or_else(|e| panic!("{e}")))
     }
 }
 
