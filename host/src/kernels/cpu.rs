@@ -88,6 +88,43 @@ impl CpuKernels {
     }
 }
 
+/// The CPU flags (as Linux's /proc/cpuinfo spells them) that decide which
+/// kernels can run or could run, so a benchmark says where it came from.
+const FLAGS_OF_INTEREST: [&str; 11] = [
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx_vnni",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+];
+
+/// The CPU's model name and which of the kernel-relevant flags it has,
+/// from /proc/cpuinfo (`None` where that file is missing, as off Linux).
+pub fn cpu_description() -> Option<(String, Vec<&'static str>)> {
+    describe_cpu(&std::fs::read_to_string("/proc/cpuinfo").ok()?)
+}
+
+/// [`cpu_description`] of the text of a /proc/cpuinfo.
+fn describe_cpu(cpuinfo: &str) -> Option<(String, Vec<&'static str>)> {
+    let field = |key: &str| {
+        cpuinfo.lines().find_map(|line| {
+            let (k, v) = line.split_once(':')?;
+            (k.trim() == key).then(|| v.trim().to_string())
+        })
+    };
+    let name = field("model name")?;
+    let flags = field("flags").unwrap_or_default();
+    let has: Vec<&str> = flags.split_whitespace().collect();
+    let wanted = FLAGS_OF_INTEREST.into_iter().filter(|f| has.contains(f));
+    Some((name, wanted.collect()))
+}
+
 /// The family `value` (the environment variable, if set) asks for, given the
 /// families the CPU supports (slowest first, never empty).
 fn choose(value: Option<&str>, available: &[CpuKernels]) -> Result<CpuKernels, String> {
@@ -180,6 +217,28 @@ mod tests {
         );
         let e = choose(Some("neon"), &all).unwrap_err();
         assert!(e.contains("\"neon\" is not a kernel family"), "{e}");
+    }
+
+    #[test]
+    fn the_cpu_is_described_from_cpuinfo() {
+        let text = "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8481C\n\
+                    flags\t\t: fpu sse avx2 fma f16c avx512f avx512_vnni amx_tile amx_int8\n\n\
+                    processor\t: 1\nmodel name\t: ignored\n";
+        let (name, flags) = describe_cpu(text).unwrap();
+        assert_eq!(name, "Intel(R) Xeon(R) Platinum 8481C");
+        assert_eq!(
+            flags,
+            [
+                "avx2",
+                "fma",
+                "f16c",
+                "avx512f",
+                "avx512_vnni",
+                "amx_tile",
+                "amx_int8"
+            ]
+        );
+        assert_eq!(describe_cpu("flags: avx2\n"), None);
     }
 
     #[test]

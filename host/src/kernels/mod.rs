@@ -38,7 +38,7 @@ mod testutil;
 mod vector;
 mod weights;
 
-pub use cpu::{CpuKernels, KERNELS_ENV};
+pub use cpu::{cpu_description, CpuKernels, KERNELS_ENV};
 pub use matmul::{matmul, matmul_on, matmul_with, MatmulPath};
 pub use pool::{ThreadPool, SPIN_WINDOW};
 pub use rope::RopeTable;
