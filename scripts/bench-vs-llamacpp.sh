@@ -1,36 +1,57 @@
 #!/usr/bin/env bash
 # Prefill (pp512) and single-stream decode (tg128) on the default model:
-# llama.cpp's llama-bench and `host bench` in the same run, same threads, with
-# the ratio. Needs scripts/build-llamacpp.sh (run automatically) and a release
-# build of host. Not part of CI: it takes minutes and the machines are noisy.
+# llama.cpp's llama-bench and `host bench` in the same run, same threads,
+# their repetitions interleaved (llama, host, llama, host, ...) so that the
+# drift of a shared machine falls on both alike; medians and their ratio.
+# Needs scripts/build-llamacpp.sh (run automatically) and a release build
+# of host. Not part of CI: it takes minutes and the machines are noisy.
+# HOST_CPU_KERNELS forces host's kernel family (see docs/benchmarks.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 threads="${THREADS:-$(nproc)}"
-reps="${REPS:-3}"
+reps="${REPS:-5}"
 model=".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 bash scripts/fetch-model.sh >/dev/null
 bash scripts/build-llamacpp.sh >/dev/null
 cargo build --release -p host --bin host 2>/dev/null
 
-out=$(mktemp -d)
-echo "llama-bench ($threads threads, $reps repetitions) ..." >&2
-.cache/llama.cpp/bin/llama-bench -m "$model" -t "$threads" -r "$reps" -p 512 -n 128 -o json > "$out/llama.json"
-echo "host bench ($threads threads, $reps repetitions) ..." >&2
-target/release/host --model "$model" --num-threads "$threads" bench --repetitions "$reps" --json "$out/host.json" >/dev/null
+# llama.cpp's AMX build dies with SIGILL on the AMX machines' worker
+# threads: then use (and build once) the copy without it.
+llama=.cache/llama.cpp/bin/llama-bench
+if ! "$llama" -m "$model" -t "$threads" -r 1 -p 8 -n 1 -o json >/dev/null 2>&1; then
+    echo "llama-bench failed its smoke run; using the build without AMX" >&2
+    LLAMA_NO_AMX=1 bash scripts/build-llamacpp.sh >/dev/null
+    llama=.cache/llama.cpp-noamx/bin/llama-bench
+fi
 
-python3 - "$out/llama.json" "$out/host.json" <<'PY'
-import json, sys
-llama = json.load(open(sys.argv[1]))
-host = json.load(open(sys.argv[2]))
-peer = {}
-for r in llama:
-    test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
-    peer[test] = (r["avg_ts"], r["stddev_ts"])
-print("| test | llama.cpp tok/s | host tok/s | host / llama.cpp |")
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+for i in $(seq "$reps"); do
+    echo "repetition $i of $reps: llama-bench, then host bench ($threads threads)" >&2
+    "$llama" -m "$model" -t "$threads" -r 1 -p 512 -n 128 -o json > "$out/llama-$i.json"
+    target/release/host --model "$model" --num-threads "$threads" bench --repetitions 1 \
+        --json "$out/host-$i.json" > "$out/host-$i.txt" 2> "$out/host-$i.log" \
+        || { cat "$out/host-$i.log" >&2; exit 1; }
+done
+head -1 "$out/host-1.txt"
+
+python3 - "$out" "$reps" <<'PY'
+import json, statistics, sys
+out, reps = sys.argv[1], int(sys.argv[2])
+llama, host = {}, {}
+for i in range(1, reps + 1):
+    for r in json.load(open(f"{out}/llama-{i}.json")):
+        test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
+        llama.setdefault(test, []).append(r["avg_ts"])
+    for r in json.load(open(f"{out}/host-{i}.json"))["results"]:
+        host.setdefault(r["test"], []).append(r["tokens_per_s_mean"])
+print(f"| test | llama.cpp tok/s | host tok/s | host / llama.cpp |")
 print("| --- | ---: | ---: | ---: |")
-for r in host["results"]:
-    p, ps = peer[r["test"]]
-    h, hs = r["tokens_per_s_mean"], r["tokens_per_s_stddev"]
-    print(f"| {r['test']} | {p:.1f} ± {ps:.1f} | {h:.1f} ± {hs:.1f} | {h / p:.2f}× |")
+for test in host:
+    p, h = statistics.median(llama[test]), statistics.median(host[test])
+    ratios = [b / a for a, b in zip(llama[test], host[test])]
+    print(f"| {test} | {p:.1f} | {h:.1f} | **{h / p:.2f}×** "
+          f"(pairs {min(ratios):.2f}–{max(ratios):.2f}) |")
+print(f"\n{reps} interleaved pairs; medians, and the range of the per-pair ratios.")
 PY

@@ -203,6 +203,96 @@ fn bad_model_files_are_named() {
     assert_clear_error(&out, &["missing.gguf"]);
 }
 
+/// A kernel family the override cannot use is refused before anything
+/// runs, naming the variable, the value and what to pick instead.
+#[test]
+fn a_bad_kernel_override_is_named() {
+    let run = |value: &str| {
+        Command::new(host_bin())
+            .args([
+                "--model",
+                path(&default_model()),
+                "generate",
+                "--prompt",
+                "hi",
+            ])
+            .env("HOST_CPU_KERNELS", value)
+            .output()
+            .unwrap()
+    };
+    assert_clear_error(&run("neon"), &["HOST_CPU_KERNELS", "\"neon\"", "scalar"]);
+    // Which families a CPU lacks differs between machines (the AMD ones
+    // lack AVX-VNNI), so this case uses one this CPU lacks, if any.
+    let missing = host::kernels::CpuKernels::ALL
+        .into_iter()
+        .find(|k| !k.is_supported());
+    if let Some(k) = missing {
+        assert_clear_error(
+            &run(k.name()),
+            &["cannot run", k.name(), "Unset HOST_CPU_KERNELS"],
+        );
+    }
+}
+
+/// `host bench` says where its figures came from: the CPU's name and
+/// flags as /proc/cpuinfo gives them, and the kernel family that ran (the
+/// forced one when `HOST_CPU_KERNELS` names one).
+#[test]
+fn bench_names_the_cpu_and_the_kernels() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("bench.json");
+    let out = Command::new(host_bin())
+        .args(["--model", path(&default_model()), "bench"])
+        .args([
+            "--prompt-tokens",
+            "8",
+            "--gen-tokens",
+            "2",
+            "--repetitions",
+            "1",
+        ])
+        .args(["--json", path(&json)])
+        .env("HOST_CPU_KERNELS", "scalar")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap();
+    let model_name = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
+        .map(|(_, v)| v.trim())
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(model_name) && stdout.contains("kernels: scalar"),
+        "{stdout}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(
+        (v["cpu"].as_str(), v["kernels"].as_str()),
+        (Some(model_name), Some("scalar"))
+    );
+    let flags = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("flags")?.split_once(':'))
+        .map(|(_, v)| v.split_whitespace().collect::<Vec<_>>())
+        .unwrap();
+    for flag in v["cpu_flags"].as_array().unwrap() {
+        assert!(
+            flags.contains(&flag.as_str().unwrap()),
+            "{flag} is not a flag of this CPU"
+        );
+    }
+    assert_eq!(
+        v["cpu_flags"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f == "avx2"),
+        flags.contains(&"avx2")
+    );
+}
+
 #[test]
 fn bad_batch_lines_are_named() {
     let dir = tempfile::tempdir().unwrap();

@@ -2,8 +2,9 @@
 //! in the engine's process (`uni`) and in a worker process (`mp`):
 //! `engine:weight-tools.stats` reads a weight through the host API and
 //! agrees with llama.cpp's own Python reader; `scale` updates a weight and
-//! the greedy output changes, and comes back when the weight does; unknown
-//! methods and extensions are refused naming what exists. Also: a plugin
+//! the greedy output (tokens and logprobs) changes, and comes back exactly
+//! when the weight does; unknown methods and extensions are refused naming
+//! what exists. Also: a plugin
 //! built against the older WIT 0.1.0 still loads and runs.
 
 use host::config::EngineConfig;
@@ -28,20 +29,27 @@ fn engine_config(backend: &str) -> EngineConfig {
     c
 }
 
-/// The greedy continuation of a fixed prompt, as token ids.
-fn greedy_tokens(llm: &mut Llm) -> Vec<u32> {
+/// The greedy continuation of a fixed prompt: its token ids, and each
+/// one's logprob (the bits, so "unchanged" means exactly). A weight change
+/// anywhere in the forward pass moves the logprobs even where the greedy
+/// tokens sit far from a tie; which tokens it flips depends on the last
+/// bits of the kernels in use.
+fn greedy_tokens(llm: &mut Llm) -> (Vec<u32>, Vec<u32>) {
     let req = GenerateRequest {
         prompt: Prompt::Text("The capital of France is".into()),
         params: SamplingParams {
             temperature: 0.0,
             max_tokens: 8,
             ignore_eos: true,
+            logprobs: Some(0),
             ..SamplingParams::default()
         },
         priority: 0,
     };
     let done = llm.generate(&[req], |_, _| {}, |_, _| {}).unwrap();
-    done.into_iter().next().unwrap().unwrap().token_ids
+    let done = done.into_iter().next().unwrap().unwrap();
+    let logprobs = done.logprobs.iter().map(|l| l.logprob.to_bits()).collect();
+    (done.token_ids, logprobs)
 }
 
 /// The one worker's reply to `method(args)`.
@@ -95,7 +103,7 @@ fn stats_agree_with_the_gguf_reference_and_scale_changes_the_output() {
         );
         let after = greedy_tokens(&mut llm);
         assert_ne!(
-            after, before,
+            after.0, before.0,
             "a negated final norm changes the greedy output ({backend})"
         );
         rpc(&mut llm, SCALE, norm).unwrap();
@@ -118,10 +126,11 @@ fn stats_agree_with_the_gguf_reference_and_scale_changes_the_output() {
             "abs_mean",
             1e-2,
         );
+        let (_, logprobs) = greedy_tokens(&mut llm);
+        assert_eq!(logprobs.len(), 8, "a logprob per token ({backend})");
         assert_ne!(
-            greedy_tokens(&mut llm),
-            before,
-            "a doubled down projection changes the output ({backend})"
+            logprobs[0], before.1[0],
+            "a doubled down projection changes the first token's logprob ({backend})"
         );
     }
 }
@@ -183,7 +192,7 @@ fn unknown_methods_weights_and_extensions_are_named() {
     .unwrap_err();
     assert!(err.contains("finite number"), "{err}");
     // The engine serves on after refused calls.
-    assert_eq!(greedy_tokens(&mut llm).len(), 8);
+    assert_eq!(greedy_tokens(&mut llm).0.len(), 8);
 
     let mut c = engine_config("uni");
     c.worker.extension = vec!["engine:nope".into()];

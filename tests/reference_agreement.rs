@@ -256,14 +256,19 @@ fn prefill_logits_match_the_reference_to_float_rounding() {
 /// choice, which for quantized weights multiplies 8-bit quantized
 /// activations (Q8_0: blocks of 32 rounded to steps of max|x| / 127) in
 /// every layer and the LM head, whatever the prompt length. That rounding,
-/// summed over each dot product and compounded over 30 layers, measured at
-/// most 3.3% of the logit range on these prompts (the max over all 49152
-/// logits); the bound is 4%. A modelling bug (RoPE pairing, head mapping, a
-/// position off by one) moves logits by well over 10% of the range. The
-/// exact check is the f32 test above.
+/// summed over each dot product and compounded over 30 layers, is noise
+/// whose realisation depends on the float order of the block sums: a last
+/// bit that moves one activation across a rounding boundary re-rounds much
+/// of what follows. Over six accumulation orders (serial, reversed,
+/// pairwise, 8 striped accumulators, f64, and the former AVX2 kernel's
+/// lanes) the largest error over all 49152 logits of these prompts measured
+/// 2.6% to 4.9% of the logit range, with no order better than another on
+/// every prompt; the bound is 6%. A modelling bug (RoPE pairing, head
+/// mapping, a position off by one) moves logits by well over 10% of the
+/// range. The exact check is the f32 test above.
 #[test]
 fn first_token_logits_agree_with_the_reference() {
-    const REL_TOL: f32 = 0.04;
+    const REL_TOL: f32 = 0.06;
     const TOP_TOL: f32 = 1.0;
     let expected = reference();
     let mut r = runner(MatmulPath::Auto);
@@ -274,7 +279,7 @@ fn first_token_logits_agree_with_the_reference() {
         let err = max_abs_diff(&e.logits, &got);
         assert!(
             err <= tol,
-            "prompt {i}: max |logit error| {err:.3} exceeds {tol:.3} (4% of the logit range)"
+            "prompt {i}: max |logit error| {err:.3} exceeds {tol:.3} (6% of the logit range)"
         );
         // The top-1 can only change when the error on the reference's best
         // candidates exceeds half the reference's top-2 margin. That error

@@ -9,9 +9,14 @@
 //! - `model/pp512_matmuls`: 512 tokens through the same 210 layer matmuls
 //!   plus the LM head for the last token (what llama-bench's pp512 computes).
 //!
+//! - `families/*`: the quantized matmuls on one thread with each CPU kernel
+//!   family this machine has (scalar, AVX2, AVX-512 VNNI) in the same run,
+//!   at decode (1 token) and prefill (64 and 512 tokens) sizes.
+//!
 //! Run: `cargo bench -p host --bench kernels` (add a filter such as
 //! `-- model/` to run one group). Threads: `KERNEL_BENCH_THREADS`, default
-//! all cores.
+//! all cores (`families` always uses one). The other groups use the active
+//! family (`HOST_CPU_KERNELS` forces one).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +24,8 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use half::f16;
 use host::kernels::{
-    matmul, matmul_with, rms_norm, silu_mul, softmax_inplace, MatmulPath, ThreadPool, WeightMatrix,
+    matmul, matmul_on, matmul_with, rms_norm, silu_mul, softmax_inplace, CpuKernels, MatmulPath,
+    ThreadPool, WeightMatrix,
 };
 use host::model::{DType, Storage, Tensor};
 
@@ -145,6 +151,49 @@ fn crossover(c: &mut Criterion) {
     group.finish();
 }
 
+/// Each available kernel family on the model's quantized shapes, one thread.
+/// Scalar runs at 1 token only: it is the reference, not a contender, and
+/// would take seconds per prefill call.
+fn families(c: &mut Criterion) {
+    let pool = ThreadPool::new(1);
+    let mut rng = Rng(0xFA31);
+    let shapes = [
+        ("q", DType::Q4_1, HIDDEN, HIDDEN),
+        ("gate", DType::Q4_1, FFN, HIDDEN),
+        ("down", DType::Q4_1, HIDDEN, FFN),
+        ("lm_head", DType::Q8_0, VOCAB, HIDDEN),
+    ];
+    let mut group = c.benchmark_group("families");
+    group
+        .sample_size(20)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    for (name, dtype, rows, cols) in shapes {
+        let w = weight(&mut rng, dtype, rows, cols);
+        // The LM head runs for the last token of a prefill only.
+        let sizes: &[usize] = if name == "lm_head" {
+            &[1]
+        } else {
+            &[1, 64, 512]
+        };
+        for &n in sizes {
+            let x = rng.floats(n * cols);
+            let mut out = vec![0f32; n * rows];
+            group.throughput(Throughput::Elements(n as u64));
+            for kernels in CpuKernels::available() {
+                if kernels == CpuKernels::Scalar && n > 1 {
+                    continue;
+                }
+                let id = format!("{name}_{rows}x{cols}_{dtype:?}/{n}");
+                group.bench_function(BenchmarkId::new(id, kernels.name()), |b| {
+                    b.iter(|| matmul_on(&pool, &w, &x, n, &mut out, MatmulPath::Auto, kernels))
+                });
+            }
+        }
+    }
+    group.finish();
+}
+
 /// All matmuls of the model, with 30 distinct layers of weights.
 fn model(c: &mut Criterion) {
     let pool = ThreadPool::new(threads());
@@ -224,5 +273,5 @@ fn small(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, small, shapes, crossover, model);
+criterion_group!(benches, small, shapes, crossover, families, model);
 criterion_main!(benches);

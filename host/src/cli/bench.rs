@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use crate::config::EngineConfig;
 use crate::engine::startup;
+use crate::kernels::{cpu_description, CpuKernels};
 use crate::model_runner::ModelInput;
 
 /// Flags of `host bench`.
@@ -116,6 +117,12 @@ pub fn run(config: &EngineConfig, args: &BenchArgs) -> anyhow::Result<()> {
         0 => startup::default_threads(),
         n => n,
     };
+    let kernels = CpuKernels::active().name();
+    let (cpu, flags) = cpu_description().unwrap_or_else(|| ("unknown CPU".into(), Vec::new()));
+    println!(
+        "cpu: {cpu} (flags: {}); kernels: {kernels}",
+        flags.join(" ")
+    );
     println!("| model | threads | test | tokens/s |");
     println!("| --- | ---: | --- | ---: |");
     for r in &results {
@@ -133,7 +140,14 @@ pub fn run(config: &EngineConfig, args: &BenchArgs) -> anyhow::Result<()> {
         );
     }
     if let Some(path) = &args.json {
-        let json = serde_json::json!({ "model": config.model.path, "threads": threads, "results": results });
+        let json = serde_json::json!({
+            "model": config.model.path,
+            "threads": threads,
+            "cpu": cpu,
+            "cpu_flags": flags,
+            "kernels": kernels,
+            "results": results,
+        });
         std::fs::write(path, serde_json::to_string_pretty(&json)? + "\n")
             .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
     }

@@ -195,7 +195,8 @@ pub fn main() -> ExitCode {
     // Only a server takes its node place from a launcher (one command line
     // then serves every node of a group); `config show` shows what it would.
     let serving = matches!(command, Command::Serve(_) | Command::Config(_));
-    let loaded = match command {
+    let kernels = crate::kernels::CpuKernels::from_env().map_err(anyhow::Error::msg);
+    let loaded = kernels.and_then(|_| match command {
         // Worker and engine-core processes get their configuration from
         // their parent, already resolved.
         Command::Worker | Command::EngineCore => cli.engine.load(&more),
@@ -210,7 +211,7 @@ pub fn main() -> ExitCode {
             shipped_plugins::resolve(&mut config)?;
             Ok(config)
         }),
-    };
+    });
     let result = loaded.and_then(|config| match command {
         Command::Serve(args) => serve::run(&config, &args),
         Command::Generate(args) => generate::run(&config, &args),

@@ -1,19 +1,257 @@
-//! Run-time CPU feature detection: which kernel family to use.
+//! Run-time CPU feature detection: which kernel family to use, and the
+//! `HOST_CPU_KERNELS` override that forces one for tests and benchmarks.
 
-/// True when the AVX2 + FMA + F16C kernels can run on this CPU.
+use std::sync::OnceLock;
+
+/// The environment variable that forces a kernel family: `scalar`, `avx2`,
+/// `avxvnni`, `avx512vnni`, or `auto` (the default: the fastest the CPU
+/// supports).
+pub const KERNELS_ENV: &str = "HOST_CPU_KERNELS";
+
+/// A family of CPU kernels. The quantized matmuls of every family compute
+/// bit-identical results (they reproduce the scalar path's float order
+/// exactly), so for them the choice changes speed only; the other SIMD
+/// kernels (norms, softmax, SiLU, dot) match scalar within a tolerance.
+/// Ordered by preference; both VNNI families
+/// include AVX2 (they run the AVX2 kernels for everything that has no VNNI
+/// version), but neither implies the other (Ice Lake has AVX-512 VNNI and
+/// no AVX-VNNI; Alder Lake the reverse).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum CpuKernels {
+    /// Portable Rust, the reference every SIMD version is tested against.
+    Scalar,
+    /// AVX2 + FMA + F16C (`maddubs`/`madd` integer dot products).
+    Avx2,
+    /// AVX2's set plus AVX-VNNI: the AVX2 quantized matmuls with the
+    /// 256-bit `vpdpbusd` in place of `maddubs` + `madd`.
+    AvxVnni,
+    /// AVX2's set plus AVX-512 F/BW/VL and VNNI (512-bit `vpdpbusd` integer
+    /// dot products) for the quantized matmuls.
+    Avx512Vnni,
+}
+
+impl CpuKernels {
+    /// Every family, slowest first.
+    pub const ALL: [CpuKernels; 4] = [
+        CpuKernels::Scalar,
+        CpuKernels::Avx2,
+        CpuKernels::AvxVnni,
+        CpuKernels::Avx512Vnni,
+    ];
+
+    /// The name `HOST_CPU_KERNELS` accepts.
+    pub fn name(self) -> &'static str {
+        match self {
+            CpuKernels::Scalar => "scalar",
+            CpuKernels::Avx2 => "avx2",
+            CpuKernels::AvxVnni => "avxvnni",
+            CpuKernels::Avx512Vnni => "avx512vnni",
+        }
+    }
+
+    /// True when this CPU can run the family.
+    pub fn is_supported(self) -> bool {
+        match self {
+            CpuKernels::Scalar => true,
+            CpuKernels::Avx2 => has_avx2_fma_f16c(),
+            CpuKernels::AvxVnni => has_avx2_fma_f16c() && has_avx_vnni(),
+            CpuKernels::Avx512Vnni => has_avx2_fma_f16c() && has_avx512_vnni(),
+        }
+    }
+
+    /// The families this CPU supports, slowest first.
+    pub fn available() -> Vec<CpuKernels> {
+        CpuKernels::ALL
+            .into_iter()
+            .filter(|k| k.is_supported())
+            .collect()
+    }
+
+    /// The family `HOST_CPU_KERNELS` asks for (the fastest available when
+    /// it is unset or `auto`), or an error naming the value and the
+    /// families this CPU supports. The command line calls this before
+    /// anything runs, so a bad value is a clean error, never a panic.
+    pub fn from_env() -> Result<CpuKernels, String> {
+        let value = std::env::var(KERNELS_ENV).ok();
+        choose(value.as_deref(), &CpuKernels::available())
+    }
+
+    /// The family in use: [`CpuKernels::from_env`], read once per process.
+    ///
+    /// Panics (at the first kernel call) if `HOST_CPU_KERNELS` names an
+    /// unknown family or one this CPU lacks and nothing checked it first
+    /// (the `host` command does): a forced path exists for tests and
+    /// benchmarks, which must not silently measure another path.
+    pub fn active() -> CpuKernels {
+        static ACTIVE: OnceLock<CpuKernels> = OnceLock::new();
+        *ACTIVE.get_or_init(|| CpuKernels::from_env().unwrap_or_else(|e| panic!("{e}")))
+    }
+}
+
+/// The CPU flags (as Linux's /proc/cpuinfo spells them) that decide which
+/// kernels can run or could run, so a benchmark says where it came from.
+const FLAGS_OF_INTEREST: [&str; 11] = [
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx_vnni",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+];
+
+/// The CPU's model name and which of the kernel-relevant flags it has,
+/// from /proc/cpuinfo (`None` where that file is missing, as off Linux).
+pub fn cpu_description() -> Option<(String, Vec<&'static str>)> {
+    describe_cpu(&std::fs::read_to_string("/proc/cpuinfo").ok()?)
+}
+
+/// [`cpu_description`] of the text of a /proc/cpuinfo.
+fn describe_cpu(cpuinfo: &str) -> Option<(String, Vec<&'static str>)> {
+    let field = |key: &str| {
+        cpuinfo.lines().find_map(|line| {
+            let (k, v) = line.split_once(':')?;
+            (k.trim() == key).then(|| v.trim().to_string())
+        })
+    };
+    let name = field("model name")?;
+    let flags = field("flags").unwrap_or_default();
+    let has: Vec<&str> = flags.split_whitespace().collect();
+    let wanted = FLAGS_OF_INTEREST.into_iter().filter(|f| has.contains(f));
+    Some((name, wanted.collect()))
+}
+
+/// The family `value` (the environment variable, if set) asks for, given the
+/// families the CPU supports (slowest first, never empty).
+fn choose(value: Option<&str>, available: &[CpuKernels]) -> Result<CpuKernels, String> {
+    let fastest = *available.last().expect("scalar is always available");
+    let names = |ks: &[CpuKernels]| ks.iter().map(|k| k.name()).collect::<Vec<_>>().join(", ");
+    match value.map(str::trim) {
+        None | Some("") | Some("auto") => Ok(fastest),
+        Some(v) => match CpuKernels::ALL.into_iter().find(|k| k.name() == v) {
+            Some(k) if available.contains(&k) => Ok(k),
+            Some(k) => Err(format!(
+                "{KERNELS_ENV}={v}, but this CPU cannot run the {} kernels; it supports: {}. Unset {KERNELS_ENV} or pick one of those",
+                k.name(),
+                names(available)
+            )),
+            None => Err(format!(
+                "{KERNELS_ENV}={v:?} is not a kernel family; use auto or one of: {}",
+                names(&CpuKernels::ALL)
+            )),
+        },
+    }
+}
+
+/// True when the active family includes the AVX2 + FMA + F16C kernels.
 ///
-/// `is_x86_feature_detected!` caches its answer, so this is a relaxed load.
-#[cfg(target_arch = "x86_64")]
+/// After the first call this is a relaxed load and a compare.
 #[inline]
 pub(crate) fn has_avx2() -> bool {
+    CpuKernels::active() >= CpuKernels::Avx2
+}
+
+/// The AVX2 family's CPU features (`is_x86_feature_detected!` caches them).
+#[cfg(target_arch = "x86_64")]
+fn has_avx2_fma_f16c() -> bool {
     is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
         && is_x86_feature_detected!("f16c")
 }
 
-/// Other architectures use the portable scalar kernels.
+/// The AVX-VNNI family's extra CPU feature.
+#[cfg(target_arch = "x86_64")]
+fn has_avx_vnni() -> bool {
+    is_x86_feature_detected!("avxvnni")
+}
+
+/// The AVX-512 VNNI family's extra CPU features.
+#[cfg(target_arch = "x86_64")]
+fn has_avx512_vnni() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+}
+
+/// Other architectures run the portable scalar kernels.
 #[cfg(not(target_arch = "x86_64"))]
-#[inline]
-pub(crate) fn has_avx2() -> bool {
+fn has_avx2_fma_f16c() -> bool {
     false
+}
+
+/// Other architectures run the portable scalar kernels.
+#[cfg(not(target_arch = "x86_64"))]
+fn has_avx_vnni() -> bool {
+    false
+}
+
+/// Other architectures run the portable scalar kernels.
+#[cfg(not(target_arch = "x86_64"))]
+fn has_avx512_vnni() -> bool {
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use CpuKernels::*;
+
+    #[test]
+    fn the_override_picks_a_supported_family_or_explains() {
+        let all = [Scalar, Avx2, AvxVnni, Avx512Vnni];
+        assert_eq!(choose(None, &all), Ok(Avx512Vnni));
+        assert_eq!(choose(Some("auto"), &[Scalar, Avx2]), Ok(Avx2));
+        assert_eq!(choose(Some("auto"), &[Scalar, Avx2, AvxVnni]), Ok(AvxVnni));
+        assert_eq!(choose(Some("avxvnni"), &all), Ok(AvxVnni));
+        assert_eq!(choose(Some(" avx2 "), &all), Ok(Avx2));
+        assert_eq!(choose(Some("scalar"), &[Scalar]), Ok(Scalar));
+        let e = choose(Some("avx512vnni"), &[Scalar, Avx2]).unwrap_err();
+        assert!(
+            e.contains("cannot run the avx512vnni kernels") && e.contains("scalar, avx2"),
+            "{e}"
+        );
+        let e = choose(Some("neon"), &all).unwrap_err();
+        assert!(e.contains("\"neon\" is not a kernel family"), "{e}");
+    }
+
+    #[test]
+    fn the_cpu_is_described_from_cpuinfo() {
+        let text = "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8481C\n\
+                    flags\t\t: fpu sse avx2 fma f16c avx512f avx512_vnni amx_tile amx_int8\n\n\
+                    processor\t: 1\nmodel name\t: ignored\n";
+        let (name, flags) = describe_cpu(text).unwrap();
+        assert_eq!(name, "Intel(R) Xeon(R) Platinum 8481C");
+        assert_eq!(
+            flags,
+            [
+                "avx2",
+                "fma",
+                "f16c",
+                "avx512f",
+                "avx512_vnni",
+                "amx_tile",
+                "amx_int8"
+            ]
+        );
+        assert_eq!(describe_cpu("flags: avx2\n"), None);
+    }
+
+    #[test]
+    fn detection_is_consistent() {
+        let available = CpuKernels::available();
+        assert_eq!(available[0], Scalar);
+        assert!(available.contains(&CpuKernels::active()));
+        // In preference order, and every SIMD family includes AVX2.
+        assert!(available.windows(2).all(|w| w[0] < w[1]));
+        assert!(available.len() < 3 || available[1] == Avx2);
+        assert_eq!(
+            available.len(),
+            CpuKernels::ALL.iter().filter(|k| k.is_supported()).count()
+        );
+    }
 }

@@ -145,7 +145,7 @@ impl Tile<'_> {
     fn micro(&self, xs: &[f32], ldx: usize, mr: usize, c: *mut f32, ldc: usize, simd: bool) {
         assert!(mr <= MR && xs.len() >= (mr - 1) * ldx + self.kc);
         #[cfg(target_arch = "x86_64")]
-        if simd && super::cpu::has_avx2() {
+        if simd && super::cpu::CpuKernels::Avx2.is_supported() {
             let (p, x, kc, acc) = (self.panel.as_ptr(), xs.as_ptr(), self.kc, self.accumulate);
             // SAFETY: AVX2 is present (`simd`); the panel holds `kc * 16`
             // values, `xs` was checked above, and `c` is valid for `mr` rows

@@ -8,30 +8,52 @@
 
 use std::ops::Range;
 
+use super::cpu::CpuKernels;
 use super::quant::Q8Acts;
 use super::weights::{f16_to_f32, Packed, WeightMatrix, QK};
 use super::OutPtr;
 
-/// Computes `out[t * rows + r]` for `r` in `rows` and every token of `acts`.
+/// Computes `out[t * rows + r]` for `r` in `rows` and every token of `acts`
+/// with the given kernel family (every family gives bit-identical results).
 ///
-/// Only for quantized weights (`Packed::Q8` / `Packed::Q4`).
+/// Only for quantized weights (`Packed::Q8` / `Packed::Q4`). Panics if the
+/// CPU cannot run `kernels` (a caller bug: callers pass a supported family).
 pub(crate) fn gemv_rows(
+    kernels: CpuKernels,
     w: &WeightMatrix,
     acts: &Q8Acts,
     n_tokens: usize,
     rows: Range<usize>,
     out: OutPtr,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if super::cpu::has_avx2() {
-        // SAFETY: the CPU has AVX2, FMA and F16C.
-        unsafe { super::gemv_avx2::gemv_rows(w, acts, n_tokens, rows, out) };
-        return;
+    assert!(
+        kernels.is_supported(),
+        "{kernels:?} kernels on a CPU without them"
+    );
+    match kernels {
+        CpuKernels::Scalar => gemv_rows_scalar(w, acts, n_tokens, rows, out),
+        // SAFETY: the CPU has the family's features (asserted above).
+        #[cfg(target_arch = "x86_64")]
+        CpuKernels::Avx2 => unsafe { super::gemv_avx2::gemv_rows(w, acts, n_tokens, rows, out) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        CpuKernels::AvxVnni => unsafe {
+            super::gemv_avx2::gemv_rows_vnni(w, acts, n_tokens, rows, out)
+        },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        CpuKernels::Avx512Vnni => unsafe {
+            super::gemv_avx512::gemv_rows(w, acts, n_tokens, rows, out)
+        },
+        #[cfg(not(target_arch = "x86_64"))]
+        CpuKernels::Avx2 | CpuKernels::AvxVnni | CpuKernels::Avx512Vnni => {
+            unreachable!("never supported here")
+        }
     }
-    gemv_rows_scalar(w, acts, n_tokens, rows, out);
 }
 
-/// Portable [`gemv_rows`], also the reference the SIMD version is tested against.
+/// Portable [`gemv_rows`], also the reference the SIMD versions are tested
+/// against bit for bit: they reproduce this function's float order.
 pub(crate) fn gemv_rows_scalar(
     w: &WeightMatrix,
     acts: &Q8Acts,

@@ -3,7 +3,7 @@
 use std::cell::RefCell;
 use std::ops::Range;
 
-use super::cpu::has_avx2;
+use super::cpu::CpuKernels;
 use super::gemm::{gemm_panels, NR};
 use super::gemv::gemv_rows;
 use super::quant::Q8Acts;
@@ -52,6 +52,27 @@ pub fn matmul_with(
     out: &mut [f32],
     path: MatmulPath,
 ) {
+    matmul_on(pool, w, x, n_tokens, out, path, CpuKernels::active());
+}
+
+/// [`matmul_with`] on the given CPU kernel family instead of the active one
+/// (benchmarks compare the families in one run; tests check they agree).
+///
+/// Panics if this CPU cannot run `kernels` (see [`CpuKernels::available`]).
+pub fn matmul_on(
+    pool: &ThreadPool,
+    w: &WeightMatrix,
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+    path: MatmulPath,
+    kernels: CpuKernels,
+) {
+    assert!(
+        kernels.is_supported(),
+        "matmul_on: this CPU cannot run the {} kernels",
+        kernels.name()
+    );
     let (rows, cols) = (w.rows(), w.cols());
     assert_eq!(
         x.len(),
@@ -74,10 +95,10 @@ pub fn matmul_with(
             let mut acts = acts.borrow_mut();
             acts.quantize(x, n_tokens, cols);
             let acts = &*acts;
-            pool.run(|i, n| gemv_rows(w, acts, n_tokens, split(rows, 4, i, n), out));
+            pool.run(|i, n| gemv_rows(kernels, w, acts, n_tokens, split(rows, 4, i, n), out));
         });
     } else {
-        let (panels, simd) = (rows.div_ceil(NR), has_avx2());
+        let (panels, simd) = (rows.div_ceil(NR), kernels >= CpuKernels::Avx2);
         pool.run(|i, n| gemm_panels(w, x, n_tokens, split(panels, 1, i, n), out, simd));
     }
 }
@@ -211,21 +232,92 @@ mod tests {
         }
     }
 
+    /// Every kernel family this CPU has gives the scalar path's result bit
+    /// for bit (so a token's logits do not depend on the CPU or a forced
+    /// path): random weights of every quantized type, the model's shapes
+    /// (fused qkv and gate/up, o, down, a slice of the LM head's rows) and
+    /// odd ones (1 and 5 blocks, a 9-block row with a 1-block tail, 65
+    /// blocks), for 1 to 9 tokens and prefill-size batches.
     #[test]
-    fn simd_integer_kernels_match_scalar() {
+    fn every_kernel_family_matches_scalar_bit_for_bit() {
         let mut rng = Rng::new(6);
+        let shapes = [
+            (9, 32),
+            (37, 160),
+            (20, 288),
+            (3, 2080),
+            (960, 576),
+            (576, 576),
+            (3072, 576),
+            (576, 1536),
+            (1024, 576),
+        ];
         for dtype in [DType::Q4_1, DType::Q4_0, DType::Q8_0] {
-            for (rows, cols) in [(9, 32), (20, 288), (12, 576), (5, 1536)] {
+            for (rows, cols) in shapes {
                 let w = random_matrix(&mut rng, dtype, rows, cols);
-                for n in [1, 2, 4, 7] {
+                let big = if rows * cols <= 576 * 576 { 512 } else { 64 };
+                for n in (1..=9).chain([big]) {
+                    let mut x = rng.normals(n * cols);
+                    // A zero block (d = 0) and a large one (full-range quants).
+                    x[..32].fill(0.0);
+                    x[cols - 32..cols].iter_mut().for_each(|v| *v *= 1e3);
                     let mut acts = Q8Acts::default();
-                    acts.quantize(&rng.normals(n * cols), n, cols);
-                    let (mut a, mut b) = (vec![0f32; n * rows], vec![0f32; n * rows]);
-                    gemv_rows_scalar(&w, &acts, n, 0..rows, OutPtr::new(&mut a));
-                    gemv_rows(&w, &acts, n, 0..rows, OutPtr::new(&mut b));
-                    let err = rel_err(&b, &a);
-                    assert!(err < 1e-5, "{dtype:?} {rows}x{cols} n={n}: {err}");
+                    acts.quantize(&x, n, cols);
+                    let mut want = vec![0f32; n * rows];
+                    gemv_rows_scalar(&w, &acts, n, 0..rows, OutPtr::new(&mut want));
+                    for kernels in CpuKernels::available() {
+                        let mut got = vec![f32::NAN; n * rows];
+                        // Two ranges, as two threads would split them.
+                        let (a, b) = (0..rows / 3, rows / 3..rows);
+                        gemv_rows(kernels, &w, &acts, n, a, OutPtr::new(&mut got));
+                        gemv_rows(kernels, &w, &acts, n, b, OutPtr::new(&mut got));
+                        let first = got
+                            .iter()
+                            .zip(&want)
+                            .position(|(g, w)| g.to_bits() != w.to_bits());
+                        assert!(
+                            first.is_none(),
+                            "{kernels:?} {dtype:?} {rows}x{cols} n={n}: element {first:?} differs: {} vs {}",
+                            got[first.unwrap()],
+                            want[first.unwrap()]
+                        );
+                    }
                 }
+            }
+        }
+    }
+
+    /// `matmul_on` gives the same bits on every family, whatever the threads.
+    #[test]
+    fn matmul_on_every_family_and_pool_agrees() {
+        let mut rng = Rng::new(9);
+        let pools = [ThreadPool::new(1), ThreadPool::new(3)];
+        for dtype in [DType::Q4_1, DType::Q8_0] {
+            let (rows, cols, n) = (100, 576, 13);
+            let w = random_matrix(&mut rng, dtype, rows, cols);
+            let x = rng.normals(n * cols);
+            let mut want = vec![0f32; n * rows];
+            matmul_on(
+                &pools[0],
+                &w,
+                &x,
+                n,
+                &mut want,
+                MatmulPath::Auto,
+                CpuKernels::Scalar,
+            );
+            for (pool, kernels) in pools
+                .iter()
+                .flat_map(|p| CpuKernels::available().into_iter().map(move |k| (p, k)))
+            {
+                let mut got = vec![f32::NAN; n * rows];
+                matmul_on(pool, &w, &x, n, &mut got, MatmulPath::Auto, kernels);
+                assert!(
+                    got.iter()
+                        .zip(&want)
+                        .all(|(g, w)| g.to_bits() == w.to_bits()),
+                    "{kernels:?} {dtype:?}"
+                );
             }
         }
     }

@@ -12,9 +12,12 @@
 //! - [`ThreadPool`] runs a parallel section on all cores with ~1 µs
 //!   overhead while busy and 0% CPU while idle.
 //!
-//! x86-64 CPUs with AVX2 + FMA + F16C get SIMD versions, chosen at run time;
-//! every other CPU runs the portable scalar versions, which are also the
-//! references the SIMD versions are tested against.
+//! x86-64 CPUs with AVX2 + FMA + F16C get SIMD versions, and those with
+//! AVX-512 VNNI too get `vpdpbusd` versions of the quantized matmuls, chosen
+//! at run time ([`CpuKernels`]; `HOST_CPU_KERNELS` forces a family); every
+//! other CPU runs the portable scalar versions, which are also the
+//! references the SIMD versions are tested against. The quantized matmuls
+//! give bit-identical results on every family.
 
 mod aligned;
 mod cpu;
@@ -22,6 +25,10 @@ mod gemm;
 mod gemv;
 #[cfg(target_arch = "x86_64")]
 mod gemv_avx2;
+#[cfg(target_arch = "x86_64")]
+mod gemv_avx512;
+#[cfg(target_arch = "x86_64")]
+mod gemv_simd;
 mod matmul;
 mod pool;
 mod quant;
@@ -31,7 +38,8 @@ mod testutil;
 mod vector;
 mod weights;
 
-pub use matmul::{matmul, matmul_with, MatmulPath};
+pub use cpu::{cpu_description, CpuKernels, KERNELS_ENV};
+pub use matmul::{matmul, matmul_on, matmul_with, MatmulPath};
 pub use pool::{ThreadPool, SPIN_WINDOW};
 pub use rope::RopeTable;
 pub use vector::{axpy, dot, rms_norm, silu_mul, softmax_inplace};

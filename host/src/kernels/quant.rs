@@ -2,7 +2,9 @@
 //! integer dot products (llama.cpp's Q8_1 idea): per block of 32 values a
 //! scale `d = max|x| / 127`, the rounded quotients `q = x / d`, and
 //! `s = d * sum(q)`, which lets a 4-bit block with a minimum `m` contribute
-//! `m * s` without touching the quants again.
+//! `m * s` without touching the quants again. The integer sums themselves
+//! are kept too: the AVX-512 VNNI kernel biases signed Q8_0 weights by +128
+//! to make them unsigned and subtracts `128 * sum(q)` again, exactly.
 
 use super::aligned::AlignedBytes;
 use super::weights::QK;
@@ -16,6 +18,17 @@ pub(crate) struct Q8Acts {
     pub(crate) d: Vec<f32>,
     /// Per-block `d * sum(q)`, laid out like `d`.
     pub(crate) s: Vec<f32>,
+    /// Per-block `sum(q)`, laid out like `d`.
+    pub(crate) sums: Vec<i32>,
+    /// The quants again, reordered for the AVX-512 VNNI 4-bit kernel (built
+    /// only on CPUs that run it): per group of four blocks, the first 16
+    /// quants of each block, then the last 16 of each. A 4-bit block keeps
+    /// quants `j` and `j + 16` in one byte, so after splitting 64 bytes of
+    /// weights into low and high nibbles they line up with these without
+    /// a shuffle. Rows are `half_stride` bytes, zero padded.
+    pub(crate) halves: AlignedBytes,
+    /// Bytes per row of `halves`: the blocks rounded up to a multiple of 4.
+    pub(crate) half_stride: usize,
     /// Values per row.
     pub(crate) cols: usize,
     /// Distance between rows of `d` and `s`: blocks per row rounded up to a
@@ -36,13 +49,37 @@ impl Q8Acts {
         self.d.resize(n_tokens * self.stride, 0.0);
         self.s.clear();
         self.s.resize(n_tokens * self.stride, 0.0);
+        self.sums.clear();
+        self.sums.resize(n_tokens * self.stride, 0);
+        self.half_stride = blocks.div_ceil(4) * 4 * QK;
         let qs = self.qs.as_mut_slice();
         for t in 0..n_tokens {
             for b in 0..blocks {
                 let at = t * cols + b * QK;
-                let (d, s) = quantize_block(&x[at..at + QK], &mut qs[at..at + QK]);
+                let (d, sum) = quantize_block(&x[at..at + QK], &mut qs[at..at + QK]);
                 self.d[t * self.stride + b] = d;
-                self.s[t * self.stride + b] = s;
+                self.s[t * self.stride + b] = d * sum as f32;
+                self.sums[t * self.stride + b] = sum;
+            }
+        }
+        if super::cpu::CpuKernels::Avx512Vnni.is_supported() {
+            self.reorder_halves(n_tokens);
+        }
+    }
+
+    /// Fills `halves` from `qs` (see the field).
+    fn reorder_halves(&mut self, n_tokens: usize) {
+        let (cols, stride) = (self.cols, self.half_stride);
+        self.halves.resize(n_tokens * stride);
+        let halves = self.halves.as_mut_slice();
+        halves.fill(0);
+        let qs = self.qs.as_slice();
+        for t in 0..n_tokens {
+            for b in 0..cols / QK {
+                let src = &qs[t * cols + b * QK..][..QK];
+                let at = t * stride + (b / 4) * 4 * QK + (b % 4) * QK / 2;
+                halves[at..at + QK / 2].copy_from_slice(&src[..QK / 2]);
+                halves[at + 2 * QK..at + 2 * QK + QK / 2].copy_from_slice(&src[QK / 2..]);
             }
         }
     }
@@ -59,10 +96,27 @@ impl Q8Acts {
         let r = t * self.stride..(t + 1) * self.stride;
         (&self.d[r.clone()], &self.s[r])
     }
+
+    /// Row `t` of `halves` (`half_stride` long; empty unless the CPU runs
+    /// the AVX-512 VNNI kernels).
+    pub(crate) fn row_halves(&self, t: usize) -> &[i8] {
+        let bytes = self
+            .halves
+            .as_slice()
+            .get(t * self.half_stride..(t + 1) * self.half_stride);
+        let bytes = bytes.unwrap_or_default();
+        // SAFETY: i8 and u8 have the same size and alignment.
+        unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<i8>(), bytes.len()) }
+    }
+
+    /// The integer block sums of row `t` (`stride` long).
+    pub(crate) fn row_sums(&self, t: usize) -> &[i32] {
+        &self.sums[t * self.stride..(t + 1) * self.stride]
+    }
 }
 
-/// Quantizes one block of 32; returns `(d, d * sum(q))`.
-fn quantize_block(x: &[f32], q: &mut [u8]) -> (f32, f32) {
+/// Quantizes one block of 32; returns `(d, sum(q))`.
+fn quantize_block(x: &[f32], q: &mut [u8]) -> (f32, i32) {
     #[cfg(target_arch = "x86_64")]
     if super::cpu::has_avx2() {
         // SAFETY: the CPU has AVX2; both slices are 32 long.
@@ -72,7 +126,7 @@ fn quantize_block(x: &[f32], q: &mut [u8]) -> (f32, f32) {
 }
 
 /// Portable [`quantize_block`]; rounding half to even, as the SIMD version.
-pub(crate) fn quantize_block_scalar(x: &[f32], q: &mut [u8]) -> (f32, f32) {
+pub(crate) fn quantize_block_scalar(x: &[f32], q: &mut [u8]) -> (f32, i32) {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
     let id = if d > 0.0 { 1.0 / d } else { 0.0 };
@@ -82,13 +136,13 @@ pub(crate) fn quantize_block_scalar(x: &[f32], q: &mut [u8]) -> (f32, f32) {
         sum += qi;
         *q = qi as i8 as u8;
     }
-    (d, d * sum as f32)
+    (d, sum)
 }
 
 /// AVX2 [`quantize_block`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn quantize_block_avx2(x: &[f32], q: &mut [u8]) -> (f32, f32) {
+pub(crate) unsafe fn quantize_block_avx2(x: &[f32], q: &mut [u8]) -> (f32, i32) {
     use std::arch::x86_64::*;
     debug_assert!(x.len() == QK && q.len() == QK);
     let p = x.as_ptr();
@@ -123,7 +177,7 @@ pub(crate) unsafe fn quantize_block_avx2(x: &[f32], q: &mut [u8]) -> (f32, f32) 
     );
     let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
     let s1 = _mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1));
-    (d, d * _mm_cvtsi128_si32(s1) as f32)
+    (d, _mm_cvtsi128_si32(s1))
 }
 
 #[cfg(test)]
@@ -139,7 +193,7 @@ mod tests {
             let mut q = [0u8; QK];
             let (d, s) = quantize_block_scalar(&x, &mut q);
             let sum: i32 = q.iter().map(|&b| i32::from(b as i8)).sum();
-            assert_eq!(s, d * sum as f32);
+            assert_eq!(s, sum);
             for (&v, &b) in x.iter().zip(&q) {
                 assert!(
                     (f32::from(b as i8) * d - v).abs() <= 0.5001 * d,
@@ -149,7 +203,7 @@ mod tests {
             }
         }
         let mut q = [1u8; QK];
-        assert_eq!(quantize_block_scalar(&[0.0; QK], &mut q), (0.0, 0.0));
+        assert_eq!(quantize_block_scalar(&[0.0; QK], &mut q), (0.0, 0));
         assert_eq!(q, [0; QK]);
     }
 

@@ -125,7 +125,13 @@ pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
 pub(crate) mod avx2 {
     use std::arch::x86_64::*;
 
-    use crate::kernels::gemv_avx2::hsum;
+    /// Sum of the 8 lanes.
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)))
+    }
 
     /// `exp(x)` per lane: `x = n ln2 + r` with `|r| <= ln2 / 2`, a degree-6
     /// Taylor polynomial for `exp(r)` (error below 2e-7 relative) and `2^n`
