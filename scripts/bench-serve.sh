@@ -3,7 +3,8 @@
 # on the same GGUF, one after the other in the same run, driven by the same
 # load generator (scripts/bench_serve.py): N streaming requests, C at a time,
 # prompts of P random token ids, M output tokens (ignore_eos), temperature 0.
-# Prints a table (output tok/s, TTFT and ITL p50/p99, peak RSS) and writes
+# Prints a table (output tok/s, TTFT and ITL p50/p99, peak RSS of the
+# server's whole process tree) and writes
 # JSON to $OUT (default target/bench-serve.json).
 #
 #   bash scripts/bench-serve.sh                  # N=64 C=16 P=100 M=128 THREADS=nproc
@@ -41,8 +42,19 @@ wait_ready() {
   echo "no answer from $1 within 120 s" >&2; return 1
 }
 
-# Peak resident memory (VmHWM) of $pid, in MiB.
-peak_rss() { awk '/VmHWM/ { printf "%.0f", $2 / 1024 }' "/proc/$pid/status"; }
+# $1 and every process below it (host serve's engine core and workers).
+tree() { echo "$1"; for child in $(pgrep -P "$1"); do tree "$child"; done; }
+# tree_mib FIELD: /proc status FIELD (kB) summed over $pid's whole process
+# tree, in MiB. For VmHWM, each process's own peak: at least the tree's peak
+# at any one moment.
+tree_mib() {
+  local kib=0 p
+  for p in $(tree "$pid"); do
+    kib=$((kib + $(awk -v f="$1:" '$1 == f { v = $2 } END { print v + 0 }' "/proc/$p/status" 2>/dev/null || echo 0)))
+  done
+  echo $((kib / 1024))
+}
+peak_rss() { tree_mib VmHWM; }
 
 # run LABEL PORT: drives the server on PORT, records its peak RSS, stops it.
 run() {
@@ -70,12 +82,12 @@ if [[ -n "${SOAK:-}" ]]; then
   "$HOST_BIN" --model "$model" --num-threads "$threads" serve --port "$host_port" >"$work/soak.log" 2>&1 &
   pid=$!
   wait_ready "http://127.0.0.1:$host_port/health"
-  rss_start=$(awk '/VmRSS/ { printf "%.0f", $2 / 1024 }' "/proc/$pid/status")
+  rss_start=$(tree_mib VmRSS)
   python3 scripts/bench_serve.py --url "http://127.0.0.1:$host_port" --label soak --concurrency 256 \
     --duration "$SOAK" --prompt-tokens "$p" --max-tokens 32 --json "$work/soak.json" || true
   sleep 1
   curl -s "http://127.0.0.1:$host_port/metrics" > "$work/soak.metrics"
-  rss_end=$(awk '/VmRSS/ { printf "%.0f", $2 / 1024 }' "/proc/$pid/status")
+  rss_end=$(tree_mib VmRSS)
   python3 - "$work/soak.json" "$work/soak.metrics" "$rss_start" "$rss_end" > "$work/soak.full.json" <<'PY'
 import json, sys
 soak = json.load(open(sys.argv[1]))

@@ -264,3 +264,53 @@ fn dummy_preset_has_the_real_shape() {
     let c = host::model::dummy_config(Path::new("smollm2-135m")).unwrap();
     assert_eq!(c, smollm2_config());
 }
+
+/// Resident KiB of the mapping that starts at `addr`, from /proc/self/smaps.
+fn resident_kib_of_mapping(addr: usize) -> usize {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut lines = smaps.lines();
+    while let Some(line) = lines.next() {
+        let range = line.split_whitespace().next().unwrap_or_default();
+        let Some((start, _)) = range.split_once('-') else {
+            continue;
+        };
+        if usize::from_str_radix(start, 16) != Ok(addr) {
+            continue;
+        }
+        let rss = lines.find(|l| l.starts_with("Rss:")).unwrap();
+        return rss.split_whitespace().nth(1).unwrap().parse().unwrap();
+    }
+    panic!("no mapping at {addr:#x} in /proc/self/smaps");
+}
+
+/// After `release_mapped_pages` the process holds (almost) none of the
+/// mapped file, and every tensor still reads the same bytes.
+#[test]
+fn released_pages_leave_the_process_and_come_back_on_read() {
+    let w = load(&default_model(), LoadFormat::Auto).unwrap();
+    let host::model::Storage::Mapped { map, .. } = &w.embed.storage else {
+        panic!("a GGUF's tensors are mapped");
+    };
+    let (addr, kib) = (map.as_ptr() as usize, map.len() / 1024);
+    let checksum = |w: &host::model::ModelWeights| {
+        w.tensors().iter().fold(0u64, |h, t| {
+            t.storage
+                .bytes()
+                .iter()
+                .fold(h, |h, &b| h.rotate_left(5) ^ u64::from(b))
+        })
+    };
+    let before = checksum(&w);
+    let touched = resident_kib_of_mapping(addr);
+    assert!(
+        touched > kib * 9 / 10,
+        "read all: {touched} of {kib} KiB resident"
+    );
+    w.release_mapped_pages();
+    let released = resident_kib_of_mapping(addr);
+    assert!(
+        released < kib / 20,
+        "released: {released} of {kib} KiB still resident"
+    );
+    assert_eq!(checksum(&w), before);
+}

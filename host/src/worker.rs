@@ -172,6 +172,7 @@ impl Worker {
                 reason: Box::new(reason),
             })?;
         let runner = self.prepare_runner(&weights)?;
+        weights.release_mapped_pages();
         // A runner that cannot compute prompt logprobs fails the requests
         // asking for them, saying so; the others are served.
         self.input_batch

@@ -216,6 +216,31 @@ impl ModelWeights {
         all
     }
 
+    /// Lets the kernel drop this process's resident pages of every mapped
+    /// checkpoint file. A runner that has prepared its own copy of the
+    /// weights (repacked, or on a GPU) calls this, so the process does not
+    /// hold the file twice; the pages come back from the page cache or the
+    /// file whenever a tensor is read again (`update_weights`, a reload).
+    /// Advisory: a failure only leaves the pages resident.
+    pub fn release_mapped_pages(&self) {
+        let mut maps: Vec<&Arc<Mmap>> = Vec::new();
+        for t in self.tensors() {
+            if let Storage::Mapped { map, .. } = &t.storage {
+                if !maps.iter().any(|m| Arc::ptr_eq(m, map)) {
+                    maps.push(map);
+                }
+            }
+        }
+        for map in maps {
+            // SAFETY: `DontNeed` discards a private mapping's changes; this
+            // map is read-only, so it has none, and a later read sees the
+            // file's bytes again (the loaders assume it is not modified).
+            if let Err(e) = unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) } {
+                tracing::debug!("madvise(DONTNEED) on the model file failed: {e}");
+            }
+        }
+    }
+
     /// The output projection: `lm_head`, or the embedding when tied.
     pub fn output(&self) -> &Tensor {
         self.lm_head.as_ref().unwrap_or(&self.embed)
