@@ -34,6 +34,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "scheduler",
             "worker",
             "model_runner",
+            // The CPU kernel family: checked at start-up, named by `bench`.
+            "kernels",
             "plugins",
             "config",
             "model",
