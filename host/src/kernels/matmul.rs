@@ -43,7 +43,7 @@ pub fn matmul(pool: &ThreadPool, w: &WeightMatrix, x: &[f32], n_tokens: usize, o
     matmul_with(pool, w, x, n_tokens, out, MatmulPath::Auto);
 }
 
-/// [`matmul`] with the kernel family forced, for benchmarks and tests.
+/// [`matmul`] on the given [`MatmulPath`] (benchmarks and tests force one).
 pub fn matmul_with(
     pool: &ThreadPool,
     w: &WeightMatrix,
