@@ -15,7 +15,8 @@ thread_local! {
     static ACTS: RefCell<Q8Acts> = RefCell::new(Q8Acts::default());
 }
 
-/// Which kernel family computes a [`matmul_with`].
+/// Which kind of kernel computes a [`matmul_with`]: integer dot products or
+/// the f32 GEMM (the CPU kernel family is another choice, [`CpuKernels`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatmulPath {
     /// Quantized weights: the integer kernels at every batch size. Their
