@@ -38,20 +38,6 @@ fn cores_of(pid: u32) -> BTreeSet<usize> {
         .collect()
 }
 
-/// The texts of `n` greedy streams run at once.
-fn greedy_texts(server: &Server, n: usize) -> Vec<String> {
-    let report = kill::run_client(&server.addr, &kill::prompts(n), 24, None)
-        .unwrap_or_else(|e| panic!("{e}"));
-    let streams = report["streams"].as_array().expect("streams");
-    streams
-        .iter()
-        .map(|s| {
-            assert!(s["error"].is_null(), "{s}");
-            s["text"].as_str().expect("a text").to_string()
-        })
-        .collect()
-}
-
 #[test]
 fn two_engines_on_their_own_cores_answer_as_one_does() {
     let _serial = kill::serial();
@@ -65,7 +51,7 @@ fn two_engines_on_their_own_cores_answer_as_one_does() {
         assert_eq!(a.len() + b.len(), ours.len(), "between them, every core");
     }
 
-    let texts = greedy_texts(&server, 12);
+    let texts = kill::greedy_texts(&server.addr, 12, None);
     // Twelve at once: the router spreads them by load over both ranks.
     let prompts = server.metric_by_rank("vllm:prompt_tokens_total");
     assert_eq!(prompts.len(), 2, "one series per rank");
@@ -87,7 +73,7 @@ fn two_engines_on_their_own_cores_answer_as_one_does() {
 
     let one = serve(1);
     assert_eq!(
-        greedy_texts(&one, 12),
+        kill::greedy_texts(&one.addr, 12, None),
         texts,
         "each stream's greedy text does not depend on the rank that ran it"
     );

@@ -86,6 +86,29 @@ impl Veth {
     }
 }
 
+impl Veth {
+    /// Starts `host serve --headless` inside the namespace as the machine
+    /// of data-parallel ranks `start..dp` for the API server listening for
+    /// them on this side's address and `port`.
+    pub fn headless_engines(&self, port: u16, dp: usize, start: usize) -> Child {
+        Command::new("ip")
+            .args(["netns", "exec", &self.ns])
+            .arg(crate::host_bin())
+            .arg("--model")
+            .arg(crate::default_model())
+            .args(["serve", "--headless"])
+            .args(["--data-parallel-size", &dp.to_string()])
+            .args(["--data-parallel-start-rank", &start.to_string()])
+            .args(["--data-parallel-size-local", &(dp - start).to_string()])
+            .args(["--master-addr", &self.addr_here])
+            .args(["--master-port", &port.to_string()])
+            .args(["--set", "parallel.worker_start_timeout_s=60"])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("ip netns exec runs the headless machine")
+    }
+}
+
 impl Drop for Veth {
     fn drop(&mut self) {
         // Deleting the namespace deletes its end of the pair, and with it ours.

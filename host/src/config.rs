@@ -176,6 +176,14 @@ pub struct ParallelConfig {
     /// engine-core process it starts (it offsets the KV-event ports and
     /// picks the cores); leave it at 0.
     pub data_parallel_rank: usize,
+    /// Engine cores this machine runs (vLLM's `--data-parallel-size-local`);
+    /// unset: all of them. On the API server's machine the ranks from here
+    /// to `data_parallel_size` run on other machines under `host serve
+    /// --headless`, which connect to `master_addr:master_port`.
+    pub data_parallel_size_local: Option<usize>,
+    /// The first rank a headless data-parallel machine runs (vLLM's
+    /// `--data-parallel-start-rank`); 0 on the API server's machine.
+    pub data_parallel_start_rank: usize,
     /// The executor backend: `uni` (worker in the engine process) or `mp`
     /// (one worker process per rank).
     pub distributed_executor_backend: String,
@@ -212,6 +220,8 @@ impl Default for ParallelConfig {
             tensor_parallel_size: 1,
             data_parallel_size: 1,
             data_parallel_rank: 0,
+            data_parallel_size_local: None,
+            data_parallel_start_rank: 0,
             distributed_executor_backend: "uni".into(),
             worker_executable: None,
             worker_start_timeout_s: 600.0,
@@ -222,6 +232,19 @@ impl Default for ParallelConfig {
             master_addr: "127.0.0.1".into(),
             master_port: DEFAULT_MASTER_PORT,
         }
+    }
+}
+
+impl ParallelConfig {
+    /// The data-parallel ranks this machine runs: `data_parallel_size_local`
+    /// of them from `data_parallel_start_rank` (all, when unset).
+    pub fn local_data_parallel_ranks(&self) -> std::ops::Range<usize> {
+        let start = self.data_parallel_start_rank;
+        let dp = self.data_parallel_size.max(1);
+        let local = self
+            .data_parallel_size_local
+            .unwrap_or(dp.saturating_sub(start));
+        start..start + local
     }
 }
 
@@ -763,6 +786,42 @@ impl EngineConfig {
         Ok(())
     }
 
+    /// The `[parallel]` keys that spread data-parallel engine cores over
+    /// machines: each machine runs a contiguous run of ranks, the API
+    /// server's machine the first.
+    fn validate_data_parallel_nodes(&self) -> Result<(), ConfigError> {
+        let invalid = |key, message: String| Err(ConfigError::Invalid { key, message });
+        let p = &self.parallel;
+        let dp = p.data_parallel_size;
+        let ranks = p.local_data_parallel_ranks();
+        let local = ranks.len();
+        if local == 0 || ranks.end > dp {
+            return invalid(
+                "parallel.data_parallel_size_local",
+                format!(
+                    "is {local} from start rank {}, but data_parallel_size is {dp}: a machine \
+                     runs 1 or more ranks, all below data_parallel_size",
+                    p.data_parallel_start_rank
+                ),
+            );
+        }
+        if local < dp {
+            if p.master_addr.trim().is_empty() {
+                return invalid(
+                    "parallel.master_addr",
+                    "is empty: give the API server's address, reachable from every machine".into(),
+                );
+            }
+            if p.master_port == 0 {
+                return invalid(
+                    "parallel.master_port",
+                    "is 0: the other machines must know the port, so name one".into(),
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// Checks ranges and names that serde cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |key, message: String| Err(ConfigError::Invalid { key, message });
@@ -825,6 +884,7 @@ impl EngineConfig {
             );
         }
         self.validate_nodes()?;
+        self.validate_data_parallel_nodes()?;
         let seconds = [
             (
                 "parallel.worker_start_timeout_s",
@@ -1111,5 +1171,53 @@ mod tests {
         );
         let two = EngineConfig::load(None, &items[..1]).unwrap();
         assert_eq!(two.parallel.data_parallel_size, 2);
+    }
+
+    #[test]
+    fn each_machine_runs_a_run_of_data_parallel_ranks_below_the_size() {
+        let load = |items: &[&str]| {
+            let items: Vec<String> = items.iter().map(|s| s.to_string()).collect();
+            EngineConfig::load(None, &items)
+        };
+        let ranks = |items: &[&str]| load(items).unwrap().parallel.local_data_parallel_ranks();
+        assert_eq!(ranks(&["parallel.data_parallel_size=4"]), 0..4);
+        let server = [
+            "parallel.data_parallel_size=4",
+            "parallel.data_parallel_size_local=1",
+        ];
+        assert_eq!(ranks(&server), 0..1);
+        let headless = [
+            "parallel.data_parallel_size=4",
+            "parallel.data_parallel_start_rank=1",
+        ];
+        assert_eq!(ranks(&headless), 1..4, "unset: the rest");
+        for (items, key) in [
+            (
+                &[
+                    "parallel.data_parallel_size=4",
+                    "parallel.data_parallel_size_local=0",
+                ][..],
+                "data_parallel_size_local",
+            ),
+            (
+                &[
+                    "parallel.data_parallel_size=4",
+                    "parallel.data_parallel_start_rank=3",
+                    "parallel.data_parallel_size_local=2",
+                ],
+                "data_parallel_size_local",
+            ),
+            (
+                &[
+                    "parallel.data_parallel_size=2",
+                    "parallel.data_parallel_size_local=1",
+                    "parallel.master_port=0",
+                ],
+                "parallel.master_port",
+            ),
+        ] {
+            let msg = load(items).unwrap_err().to_string();
+            assert!(msg.contains(key), "{items:?}: {msg}");
+        }
     }
 }

@@ -33,6 +33,22 @@ pub fn prompts(n: usize) -> Vec<String> {
         .collect()
 }
 
+/// The texts of `n` greedy streams (24 tokens) run at once through
+/// kill_client.py, `kill_pid` killed once every stream has a chunk; every
+/// stream must end without an error.
+pub fn greedy_texts(addr: &str, n: usize, kill_pid: Option<u32>) -> Vec<String> {
+    let report = run_client(addr, &prompts(n), 24, kill_pid).unwrap_or_else(|e| panic!("{e}"));
+    report["streams"]
+        .as_array()
+        .expect("streams")
+        .iter()
+        .map(|s| {
+            assert!(s["error"].is_null(), "{s}");
+            s["text"].as_str().expect("a text").to_string()
+        })
+        .collect()
+}
+
 /// Runs kill_client.py against the server at `addr`: `prompts` streamed at
 /// once (greedy, `ignore_eos`, `max_tokens`), `kill_pid` sent SIGKILL once
 /// every stream has a chunk. Returns its report, or the script's output

@@ -105,6 +105,17 @@ struct EngineArgs {
     /// [kv_events].
     #[arg(long, global = true, value_name = "JSON")]
     kv_events_config: Option<String>,
+    /// Engine cores behind the API server [parallel.data_parallel_size].
+    #[arg(long, global = true)]
+    data_parallel_size: Option<usize>,
+    /// Engine cores this machine runs; the others run under `serve
+    /// --headless` on other machines [parallel.data_parallel_size_local].
+    #[arg(long, global = true)]
+    data_parallel_size_local: Option<usize>,
+    /// The first engine-core rank a headless machine runs
+    /// [parallel.data_parallel_start_rank].
+    #[arg(long, global = true)]
+    data_parallel_start_rank: Option<usize>,
     /// Machines the workers span [parallel.nnodes].
     #[arg(long, global = true)]
     nnodes: Option<usize>,
@@ -153,6 +164,18 @@ impl EngineArgs {
         push(
             "worker.num_threads",
             self.num_threads.map(|v| v.to_string()),
+        );
+        push(
+            "parallel.data_parallel_size",
+            self.data_parallel_size.map(|v| v.to_string()),
+        );
+        push(
+            "parallel.data_parallel_size_local",
+            self.data_parallel_size_local.map(|v| v.to_string()),
+        );
+        push(
+            "parallel.data_parallel_start_rank",
+            self.data_parallel_start_rank.map(|v| v.to_string()),
         );
         push("parallel.nnodes", self.nnodes.map(|v| v.to_string()));
         push("parallel.node_rank", self.node_rank.map(|v| v.to_string()));

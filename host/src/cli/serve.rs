@@ -23,8 +23,9 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer <KEY>` on /v1 routes [server.api_key].
     #[arg(long, value_name = "KEY", env = "HOST_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
-    /// Run only this machine's workers of a multi-node group, serving no
-    /// API (implied by parallel.node_rank > 0).
+    /// Serve no API: run this machine's engine cores for another machine's
+    /// API server (data parallelism; implied by data_parallel_start_rank >
+    /// 0), or its workers of a multi-node group (implied by node_rank > 0).
     #[arg(long)]
     pub headless: bool,
 }
@@ -48,9 +49,14 @@ impl ServeArgs {
 }
 
 /// Serves until SIGTERM / Ctrl-C, or fails when the engine dies. A
-/// headless node runs its workers for node 0 instead.
+/// headless machine runs its engine cores (data parallelism) or its workers
+/// (a multi-node group) for the API server's machine instead.
 pub fn run(config: &EngineConfig, args: &ServeArgs) -> anyhow::Result<()> {
-    if args.headless || config.parallel.node_rank > 0 {
+    let p = &config.parallel;
+    if p.data_parallel_size > 1 && (args.headless || p.data_parallel_start_rank > 0) {
+        return crate::engine::ipc::run_headless_engines(config);
+    }
+    if args.headless || p.node_rank > 0 {
         return crate::engine::run_headless_node(config);
     }
     let plugins = super::plugins_in_use::describe(config)?;

@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use super::core::{EngineCoreOutput, EngineCoreRequest, EngineStats};
 use super::core_proc::{run_busy_loop, run_output_thread, CoreInput, UtilityReply};
 use super::dp_router::{DpRouter, EngineLoad};
-use super::ipc::{EngineCoreRestarts, ProcessTransport};
+use super::ipc::{EngineCoreRestarts, Launcher, ProcessTransport, RemoteEngines};
 use super::shared::{sum_engines, Liveness, Shared, StreamItem};
 use super::startup;
 use crate::config::EngineConfig;
@@ -124,12 +124,24 @@ impl EngineCoreClient {
     pub fn start_process(config: &EngineConfig) -> anyhow::Result<(EngineCoreClient, Tokenizer)> {
         let tokenizer = startup::load_tokenizer(config)?;
         let size = config.parallel.data_parallel_size.max(1);
+        let here = config.parallel.local_data_parallel_ranks();
+        let remote = if here.end < size {
+            Some(RemoteEngines::listen(config)?)
+        } else {
+            None
+        };
         let started: Vec<_> = std::thread::scope(|scope| {
             let starts: Vec<_> = (0..size)
                 .map(|rank| {
                     let mut config = config.clone();
                     config.parallel.data_parallel_rank = rank;
-                    scope.spawn(move || ProcessTransport::start(&config))
+                    let launcher = match &remote {
+                        Some(remote) if !here.contains(&rank) => {
+                            Launcher::Remote(Arc::clone(remote))
+                        }
+                        _ => Launcher::Local,
+                    };
+                    scope.spawn(move || ProcessTransport::start(&config, launcher))
                 })
                 .collect();
             starts

@@ -1,8 +1,11 @@
 //! TCP plumbing shared by everything that crosses machines: the queue's
 //! remote readers, the all-reduce hub and its ranks, and the node protocol.
 
-use std::io;
+use std::io::{self, BufRead, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use std::time::{Duration, Instant};
 
 /// The longest single connect attempt of [`connect_retrying`].
@@ -74,6 +77,42 @@ pub fn connect_retrying(addr: impl ToSocketAddrs, deadline: Duration) -> io::Res
         }
         std::thread::sleep(CONNECT_RETRY);
     }
+}
+
+/// This machine's name, for the other side's messages.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown-host".into())
+}
+
+/// Writes `msg` as one JSON line (the node protocols' framing).
+pub fn send_json_line<T: Serialize>(stream: &mut TcpStream, msg: &T) -> io::Result<()> {
+    let mut line = serde_json::to_vec(msg).map_err(io::Error::other)?;
+    line.push(b'\n');
+    stream.write_all(&line)
+}
+
+/// Reads one JSON line; `Ok(None)` at the end of the stream. A line past
+/// `max_bytes`, or one that is not a `T`, is an error naming `what`.
+pub fn recv_json_line<T: DeserializeOwned>(
+    reader: &mut impl BufRead,
+    max_bytes: u64,
+    what: &str,
+) -> io::Result<Option<T>> {
+    let mut line = Vec::new();
+    reader.take(max_bytes).read_until(b'\n', &mut line)?;
+    if line.is_empty() {
+        return Ok(None);
+    }
+    if line.last() != Some(&b'\n') {
+        return Err(io::Error::other(format!(
+            "a {what} line ended early or exceeds {max_bytes} bytes"
+        )));
+    }
+    serde_json::from_slice(&line)
+        .map(Some)
+        .map_err(|e| io::Error::other(format!("not a {what} message: {e}")))
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ use super::monitor::WorkerSet;
 use super::multiproc::{spawn, worker_executable};
 use super::nodes::{NodeMessage, NODE_PROTOCOL_VERSION};
 use crate::config::EngineConfig;
-use crate::message_queue::net::connect_retrying;
+use crate::message_queue::net::{connect_retrying, hostname};
 
 /// How often the node looks at its workers and node 0's connection.
 const POLL: Duration = Duration::from_millis(100);
@@ -167,11 +167,4 @@ fn serve_group(
     workers.terminate(shutdown_grace);
     let _ = watcher.join();
     Ok(())
-}
-
-/// This machine's name, for messages on node 0.
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown-host".into())
 }

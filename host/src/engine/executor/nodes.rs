@@ -20,7 +20,7 @@
 //! death of every rank on node K, reported naming the node's address, and
 //! node 0 closing it tells node K to stop its workers.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::ops::Range;
 use std::sync::{mpsc, Arc, Mutex};
@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::ExecutorError;
+use crate::message_queue::net::{recv_json_line, send_json_line};
 use crate::worker::proc::Bootstrap;
 
 /// The node protocol's version; a node of another version is refused.
@@ -84,27 +85,13 @@ pub enum NodeMessage {
 impl NodeMessage {
     /// Writes the message as one line.
     pub fn send(&self, stream: &mut TcpStream) -> std::io::Result<()> {
-        let mut line = serde_json::to_vec(self).map_err(std::io::Error::other)?;
-        line.push(b'\n');
-        stream.write_all(&line)
+        send_json_line(stream, self)
     }
 
     /// Reads one message; `Ok(None)` at the end of the stream. A line past
     /// [`MAX_LINE_BYTES`] or one that is not a message is an error.
     pub fn recv(reader: &mut impl BufRead) -> std::io::Result<Option<NodeMessage>> {
-        let mut line = Vec::new();
-        reader.take(MAX_LINE_BYTES).read_until(b'\n', &mut line)?;
-        if line.is_empty() {
-            return Ok(None);
-        }
-        if line.last() != Some(&b'\n') {
-            return Err(std::io::Error::other(format!(
-                "a node protocol line ended early or exceeds {MAX_LINE_BYTES} bytes"
-            )));
-        }
-        serde_json::from_slice(&line)
-            .map(Some)
-            .map_err(|e| std::io::Error::other(format!("not a node protocol message: {e}")))
+        recv_json_line(reader, MAX_LINE_BYTES, "node protocol")
     }
 }
 
@@ -405,6 +392,8 @@ impl NodeWatch {
 
 #[cfg(test)]
 mod tests {
+    use std::io::Write;
+
     use super::*;
 
     #[test]

@@ -12,7 +12,6 @@
 //! sends it) or after the new process was connected (it is sent there).
 
 use std::collections::HashMap;
-use std::process::ChildStdin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -22,7 +21,8 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::launch;
+use super::launch::{self, Launcher};
+use super::process::DeathPipe;
 use super::supervisor::{self, Supervisor};
 use super::{ClientMessage, EngineCoreRestarts};
 use crate::config::EngineConfig;
@@ -46,8 +46,11 @@ pub(super) struct Link {
     /// Its input queue and death pipe; `None` from its death until a new
     /// process is connected (sends then leave their request to the replay).
     pub conn: Option<Conn>,
-    /// The current (or starting) process's id.
+    /// The current (or starting) process's id, on its own machine.
     pub pid: u32,
+    /// Whether that process runs on this machine (only then may a
+    /// shutdown signal it).
+    pub local: bool,
     /// A shutdown was asked for: the next exit is expected, and nothing is
     /// restarted.
     pub shutting_down: bool,
@@ -58,7 +61,7 @@ pub(super) struct Conn {
     /// The queue client messages go to.
     pub input: MessageQueue,
     /// Held for its drop: closing it tells the process its client is gone.
-    pub _death_pipe: ChildStdin,
+    pub _death_pipe: DeathPipe,
 }
 
 /// How many times the process was replaced, and requests replayed.
@@ -82,13 +85,14 @@ pub struct ProcessTransport {
 }
 
 impl ProcessTransport {
-    /// Starts `host engine-core` for `config` and connects to it. Returns
-    /// the transport, the state its streams live in, and the longest
-    /// context a request may have.
+    /// Starts `host engine-core` for `config` where `launcher` says and
+    /// connects to it. Returns the transport, the state its streams live
+    /// in, and the longest context a request may have.
     pub(crate) fn start(
         config: &EngineConfig,
+        launcher: Launcher,
     ) -> anyhow::Result<(ProcessTransport, Arc<Shared>, usize)> {
-        let launched = launch::spawn(config)?.handshake()?;
+        let launched = launch::spawn(config, &launcher)?.handshake()?;
         let max_model_len = launched.max_model_len;
         let shared = Arc::new(Shared::new(launched.stats));
         let pending: Pending = Arc::default();
@@ -98,13 +102,15 @@ impl ProcessTransport {
                 input: launched.input,
                 _death_pipe: launched.death_pipe,
             }),
-            pid: launched.child.id(),
+            pid: launched.process.id(),
+            local: launched.process.is_local(),
             shutting_down: false,
         }));
         let counts = Arc::new(Counts::default());
         let (exited_tx, exited) = mpsc::channel();
         let supervisor = Supervisor {
             config: config.clone(),
+            launcher,
             budget: crate::engine::restart::RestartBudget::new(&config.engine),
             link: Arc::clone(&link),
             shared: Arc::clone(&shared),
@@ -112,7 +118,7 @@ impl ProcessTransport {
             counts: Arc::clone(&counts),
             exited: exited_tx,
         }
-        .spawn(launched.child, reader)?;
+        .spawn(launched.process, reader)?;
         let transport = ProcessTransport {
             link,
             shared: Arc::clone(&shared),
@@ -248,8 +254,15 @@ impl ProcessTransport {
                 Err(RecvTimeoutError::Timeout)
             )
         };
-        if !done {
-            let pid = lock(&self.link).pid;
+        let (pid, local) = {
+            let link = lock(&self.link);
+            (link.pid, link.local)
+        };
+        if !done && !local {
+            // Another machine's: closing its connection (below) makes that
+            // machine stop it.
+            tracing::warn!(pid, "the remote engine-core process did not stop in time");
+        } else if !done {
             tracing::warn!(
                 pid,
                 "the engine-core process did not stop in time; killing it"
@@ -279,6 +292,8 @@ impl Drop for ProcessTransport {
 fn reader_died(e: &QueueError) -> bool {
     match e {
         QueueError::Full { behind, .. } => behind.iter().any(|l| !l.alive),
+        // One on another machine, or its connection.
+        QueueError::ConnectionLost { .. } => true,
         _ => false,
     }
 }

@@ -77,7 +77,11 @@ fn start(
         // The API server routes by what each rank's prefix cache holds.
         core = core.with_routed_kv_events();
     }
-    let output = MessageQueue::new_writer(1, QueueConfig::default())?;
+    let output = match &boot.output_bind {
+        Some(bind) => MessageQueue::new_writer_with_remote(1, &[0], bind, QueueConfig::default())
+            .with_context(|| format!("listening for the client on {bind}"))?,
+        None => MessageQueue::new_writer(1, QueueConfig::default())?,
+    };
     let input = MessageQueue::create_from_handle(&boot.input_handle, 0)
         .context("attaching to the client's queue")?;
     Ok((core, output, input))
@@ -89,7 +93,12 @@ fn forward_inputs(input: &MessageQueue, to_core: &Sender<CoreInput>) {
     loop {
         let msg = match input.dequeue::<ClientMessage>(None) {
             Ok(msg) => msg,
-            Err(QueueError::Shutdown | QueueError::WriterDead { .. }) => return,
+            // The client is gone (on another machine: its connection is).
+            Err(
+                QueueError::Shutdown
+                | QueueError::WriterDead { .. }
+                | QueueError::ConnectionLost { .. },
+            ) => return,
             Err(e) => {
                 // A frame that does not decode is refused, not guessed at;
                 // the engine carries on with the next one.

@@ -1,14 +1,18 @@
-//! Starting one `host engine-core` process: spawn it, write its bootstrap
-//! on stdin, read READY from stdout, attach both queues. Done once at
-//! start-up and again for every restart, each time with a new pair of
-//! queues.
+//! Starting one `host engine-core` process, here or on a headless machine:
+//! spawn it, write its bootstrap on stdin, read READY from stdout, attach
+//! both queues. Done once at start-up and again for every restart, each
+//! time with a new pair of queues.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
+use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 
+use super::process::{CoreProcess, DeathPipe};
+use super::remote::RemoteEngines;
 use super::{affinity, Bootstrap, Ready};
 use crate::config::EngineConfig;
 use crate::engine::core::EngineStats;
@@ -18,20 +22,28 @@ use crate::message_queue::{MessageQueue, QueueConfig};
 /// How long the process has to attach to our queue once it said READY.
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A process spawned and bootstrapped, loading the model.
+/// Where a rank's engine-core process starts.
+#[derive(Clone)]
+pub(crate) enum Launcher {
+    /// As a child of this process.
+    Local,
+    /// On the headless machine that offers the rank.
+    Remote(Arc<RemoteEngines>),
+}
+
+/// A process started and bootstrapped, loading the model.
 pub(super) struct Spawned {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: ChildStdout,
-    input: MessageQueue,
+    pub process: CoreProcess,
+    pub death_pipe: DeathPipe,
+    pub input: MessageQueue,
 }
 
 /// A process that is ready: both queues attached.
 pub(super) struct Launched {
-    /// The process, for the supervisor to reap.
-    pub child: Child,
-    /// Closing it tells the process its client is gone.
-    pub death_pipe: ChildStdin,
+    /// The process, for the supervisor to wait for.
+    pub process: CoreProcess,
+    /// Dropping it tells the process its client is gone.
+    pub death_pipe: DeathPipe,
     /// The queue we write client messages to.
     pub input: MessageQueue,
     /// The queue we read the engine core's messages from.
@@ -42,30 +54,58 @@ pub(super) struct Launched {
     pub stats: EngineStats,
 }
 
-/// Spawns `host engine-core` for `config` and writes its bootstrap; the
-/// model loads while the caller goes on (see [`Spawned::handshake`]).
-pub(super) fn spawn(config: &EngineConfig) -> anyhow::Result<Spawned> {
+/// Starts the engine-core process for `config`'s data-parallel rank where
+/// `launcher` says and sends its bootstrap; the model loads while the
+/// caller goes on (see [`Spawned::handshake`]).
+pub(super) fn spawn(config: &EngineConfig, launcher: &Launcher) -> anyhow::Result<Spawned> {
+    match launcher {
+        Launcher::Local => spawn_local(config),
+        Launcher::Remote(remote) => remote.spawn(config),
+    }
+}
+
+fn spawn_local(config: &EngineConfig) -> anyhow::Result<Spawned> {
     let exe = worker_executable(config.parallel.worker_executable.as_deref())?;
     let input = MessageQueue::new_writer(1, QueueConfig::default())?;
     let boot = Bootstrap {
         config_toml: config.to_toml(),
         input_handle: input.export_handle(),
+        output_bind: None,
     };
-    let mut command = Command::new(&exe);
+    let (child, stdin, stdout) = start_engine_core(&exe, &boot, &config.parallel)?;
+    Ok(Spawned {
+        process: CoreProcess::Local {
+            child,
+            stdout: Some(stdout),
+        },
+        death_pipe: DeathPipe::Local(stdin),
+        input,
+    })
+}
+
+/// Runs `exe engine-core` with `boot` on its stdin, pinned to this
+/// machine's share of the cores for `boot`'s rank when the machine runs
+/// more than one; returns it with its stdin (the death pipe) and stdout
+/// (the READY line). Also what a headless machine does for its ranks.
+pub(super) fn start_engine_core(
+    exe: &Path,
+    boot: &Bootstrap,
+    parallel: &crate::config::ParallelConfig,
+) -> anyhow::Result<(Child, ChildStdin, ChildStdout)> {
+    let mut command = Command::new(exe);
     command
         .arg("engine-core")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
-    let parallel = &config.parallel;
-    if parallel.data_parallel_size > 1 {
+    let here = parallel.local_data_parallel_ranks();
+    if here.len() > 1 {
         let allowed = affinity::allowed_cores().context("reading this process's CPU affinity")?;
-        let cores = affinity::cores_for_rank(
-            &allowed,
-            parallel.data_parallel_rank,
-            parallel.data_parallel_size,
+        let index = parallel.data_parallel_rank.saturating_sub(here.start);
+        affinity::pin(
+            &mut command,
+            &affinity::cores_for_rank(&allowed, index, here.len()),
         );
-        affinity::pin(&mut command, &cores);
     }
     let mut child = command
         .spawn()
@@ -74,52 +114,50 @@ pub(super) fn spawn(config: &EngineConfig) -> anyhow::Result<Spawned> {
         child.stdin.take().expect("piped"),
         child.stdout.take().expect("piped"),
     );
-    let written = writeln!(stdin, "{}", serde_json::to_string(&boot)?).and_then(|()| stdin.flush());
+    let written = writeln!(stdin, "{}", serde_json::to_string(boot)?).and_then(|()| stdin.flush());
     if let Err(e) = written {
         drop(stdin);
         let _ = child.wait();
         return Err(e).context("writing the engine-core process's bootstrap");
     }
-    Ok(Spawned {
-        child,
-        stdin,
-        stdout,
-        input,
-    })
+    Ok((child, stdin, stdout))
 }
 
 impl Spawned {
-    /// The process's id.
+    /// The process's id (on its own machine).
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.process.id()
     }
 
     /// Waits for READY (the process loads the model first) and attaches
     /// the queues. On failure the process is gone and reaped.
     pub fn handshake(self) -> anyhow::Result<Launched> {
         let Spawned {
-            mut child,
-            stdin,
-            stdout,
+            mut process,
+            death_pipe,
             input,
         } = self;
-        let mut line = String::new();
-        let read = BufReader::new(stdout).read_line(&mut line);
-        let (output_handle, max_model_len, stats) = match serde_json::from_str::<Ready>(&line) {
+        let read = process.read_ready_line();
+        let line = read.as_deref().unwrap_or_default();
+        let (output_handle, max_model_len, stats) = match serde_json::from_str::<Ready>(line) {
             Ok(Ready::Ready {
                 output_handle,
                 max_model_len,
                 stats,
             }) => (output_handle, max_model_len, stats),
             Ok(Ready::Failed(reason)) => {
-                let _ = child.wait();
+                drop(death_pipe);
+                let _ = process.wait();
                 bail!("the engine-core process failed to start: {reason}");
             }
             Err(_) => {
-                drop(stdin);
-                let status = child.wait()?;
+                drop(death_pipe);
+                let exit = process.wait();
                 read.context("reading the engine-core process's READY line")?;
-                bail!("the engine-core process exited before it was ready ({status}); its stderr says why");
+                bail!(
+                    "{} before it was ready; its stderr says why",
+                    exit.description
+                );
             }
         };
         let attached = MessageQueue::create_from_handle(&output_handle, 0)
@@ -132,8 +170,8 @@ impl Spawned {
             });
         match attached {
             Ok(output) => Ok(Launched {
-                child,
-                death_pipe: stdin,
+                process,
+                death_pipe,
                 input,
                 output,
                 max_model_len,
@@ -141,8 +179,8 @@ impl Spawned {
             }),
             Err(e) => {
                 // The death pipe makes it exit; reap it.
-                drop(stdin);
-                let _ = child.wait();
+                drop(death_pipe);
+                let _ = process.wait();
                 Err(e)
             }
         }
@@ -151,9 +189,11 @@ impl Spawned {
     /// Ends the process unstarted (a shutdown came first) and reaps it.
     pub fn abandon(self) {
         let Spawned {
-            mut child, stdin, ..
+            mut process,
+            death_pipe,
+            ..
         } = self;
-        drop(stdin);
-        let _ = child.wait();
+        drop(death_pipe);
+        let _ = process.wait();
     }
 }

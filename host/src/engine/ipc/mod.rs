@@ -15,12 +15,19 @@
 //!
 //! `launch` starts one process; `client_side` is the client's transport;
 //! `supervisor` its supervisor and reader threads; `replay` what a request
-//! needs to resume in a new process; `core_side` the process.
+//! needs to resume in a new process; `core_side` the process. A
+//! data-parallel rank may run on another machine instead: `remote` is the
+//! API server's side of that (the queues then run over TCP), `headless`
+//! the other machine's, and `process` what both kinds of process have in
+//! common for the client.
 
 mod affinity;
 mod client_side;
 mod core_side;
+mod headless;
 mod launch;
+mod process;
+mod remote;
 mod replay;
 mod supervisor;
 
@@ -32,6 +39,9 @@ use crate::message_queue::Handle;
 
 pub use client_side::ProcessTransport;
 pub use core_side::run;
+pub use headless::run as run_headless_engines;
+pub(crate) use launch::Launcher;
+pub(crate) use remote::RemoteEngines;
 pub(crate) use replay::Replay;
 
 /// How often the API server replaced a dead engine-core process, for the
@@ -51,6 +61,11 @@ pub struct Bootstrap {
     pub config_toml: String,
     /// The queue the client writes its messages to.
     pub input_handle: Handle,
+    /// Where the engine core's output queue listens for a client on another
+    /// machine (the address that machine reached the client from); `None`
+    /// for a client on this machine, which reads it from shared memory.
+    #[serde(default)]
+    pub output_bind: Option<String>,
 }
 
 /// What the engine-core process answers on its stdout once started.

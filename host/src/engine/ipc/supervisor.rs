@@ -7,7 +7,6 @@
 //! engine core reported itself dead) every stream ends with the
 //! engine-dead sentinel, as without restarts.
 
-use std::process::{Child, ExitStatus};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
@@ -15,7 +14,8 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use super::client_side::{lock, Conn, Counts, Link, Pending};
-use super::launch::{self, Launched};
+use super::launch::{self, Launched, Launcher};
+use super::process::CoreProcess;
 use super::{ClientMessage, CoreMessage};
 use crate::config::EngineConfig;
 use crate::engine::client::EngineCoreError;
@@ -27,6 +27,8 @@ use crate::message_queue::{MessageQueue, QueueError};
 pub(super) struct Supervisor {
     /// What every new process is started with (the first one's).
     pub config: EngineConfig,
+    /// Where it starts.
+    pub launcher: Launcher,
     /// `[engine]`'s restarts within its window.
     pub budget: RestartBudget,
     /// The transport's way to the current process.
@@ -43,7 +45,7 @@ pub(super) struct Supervisor {
 
 /// A process and the thread reading its outputs.
 struct Running {
-    child: Child,
+    process: CoreProcess,
     reader: JoinHandle<()>,
 }
 
@@ -57,17 +59,20 @@ enum Relaunch {
 
 impl Supervisor {
     /// Starts the supervisor thread for a running process.
-    pub fn spawn(self, child: Child, reader: JoinHandle<()>) -> std::io::Result<JoinHandle<()>> {
+    pub fn spawn(
+        self,
+        process: CoreProcess,
+        reader: JoinHandle<()>,
+    ) -> std::io::Result<JoinHandle<()>> {
         std::thread::Builder::new()
             .name("engine-client-watcher".into())
-            .spawn(move || self.run(Running { child, reader }))
+            .spawn(move || self.run(Running { process, reader }))
     }
 
     fn run(mut self, mut running: Running) {
         loop {
-            let pid = running.child.id();
-            let status = running.child.wait();
-            let death = describe(pid, &status);
+            let exit = running.process.wait();
+            let death = exit.description;
             // Cut the link first: from here on sends leave their requests
             // to the replay and utility calls fail at once, so the calls
             // pending now are all there will be.
@@ -82,11 +87,10 @@ impl Supervisor {
             let _ = running.reader.join();
             self.fail_pending(&death);
             if expected {
-                let clean = status.as_ref().is_ok_and(ExitStatus::success);
-                self.shared.stop((!clean).then_some(death));
+                self.shared.stop((!exit.clean).then_some(death));
                 break;
             }
-            if status.is_err() {
+            if !exit.certain {
                 // Whether it still runs is unknown: a second one beside it
                 // is no remedy.
                 self.shared.stop(Some(death));
@@ -152,7 +156,7 @@ impl Supervisor {
                     tracing::warn!(
                         "the engine-core process restarted as pid {} in {:.2} s (restart {n}); \
                          {replayed} request(s) replayed",
-                        running.child.id(),
+                        running.process.id(),
                         started.elapsed().as_secs_f64()
                     );
                     return Some(running);
@@ -181,10 +185,11 @@ impl Supervisor {
     /// every live request; the link stays cut until then, so a request
     /// added meanwhile is in the replay set and sent once.
     fn relaunch(&mut self) -> anyhow::Result<Relaunch> {
-        let spawned = launch::spawn(&self.config)?;
+        let spawned = launch::spawn(&self.config, &self.launcher)?;
         {
             let mut link = lock(&self.link);
             link.pid = spawned.pid();
+            link.local = spawned.process.is_local();
             if link.shutting_down {
                 drop(link);
                 spawned.abandon();
@@ -192,7 +197,7 @@ impl Supervisor {
             }
         }
         let Launched {
-            child,
+            mut process,
             death_pipe,
             input,
             output,
@@ -207,7 +212,7 @@ impl Supervisor {
         if link.shutting_down {
             drop(link);
             drop(conn);
-            reap(child);
+            process.wait();
             return Ok(Relaunch::ShutDown);
         }
         let reader = match spawn_reader(output, &self.shared, &self.pending) {
@@ -215,7 +220,7 @@ impl Supervisor {
             Err(e) => {
                 drop(link);
                 drop(conn);
-                reap(child);
+                process.wait();
                 return Err(e.into());
             }
         };
@@ -235,20 +240,9 @@ impl Supervisor {
             }
         }
         link.conn = Some(conn);
-        Ok(Relaunch::Connected(Running { child, reader }, replayed))
-    }
-}
-
-/// Waits for a process whose death pipe was closed.
-fn reap(mut child: Child) {
-    let _ = child.wait();
-}
-
-/// How the process ended, naming it.
-fn describe(pid: u32, status: &std::io::Result<ExitStatus>) -> String {
-    match status {
-        Ok(s) => format!("the engine-core process (pid {pid}) exited: {s}"),
-        Err(e) => format!("the engine-core process (pid {pid}) could not be waited for: {e}"),
+        // Known only once READY came.
+        link.pid = process.id();
+        Ok(Relaunch::Connected(Running { process, reader }, replayed))
     }
 }
 
@@ -290,8 +284,13 @@ fn read_outputs(output: &MessageQueue, shared: &Shared, pending: &Pending) {
                 shared.stop(Some(reason));
                 return;
             }
-            // The process ended; the supervisor reports how.
-            Err(QueueError::Shutdown | QueueError::WriterDead { .. }) => return,
+            // The process ended (on another machine: its connection did);
+            // the supervisor reports how.
+            Err(
+                QueueError::Shutdown
+                | QueueError::WriterDead { .. }
+                | QueueError::ConnectionLost { .. },
+            ) => return,
             Err(e) => {
                 shared.stop(Some(format!(
                     "a message from the engine core could not be read: {e}"
