@@ -764,9 +764,9 @@ impl EngineConfig {
             return invalid(
                 "parallel.nnodes",
                 format!(
-                    "is {nnodes} with data_parallel_size {}: one engine's workers span nodes, \
-                     replicas across machines run as separate servers behind a router \
-                     (docs/scale-out.md)",
+                    "is {nnodes} with data_parallel_size {}: nnodes spreads one engine's \
+                     workers over machines; to spread the engine cores instead, set \
+                     data_parallel_size_local (docs/scale-out.md)",
                     p.data_parallel_size
                 ),
             );

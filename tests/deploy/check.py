@@ -9,10 +9,12 @@
   published API types (leaderworkerset.x-k8s.io/v1, inference.networking.k8s.io/v1),
   no unknown field allowed.
 - Consistency: the InferencePool selects the Deployment's pods on the port
-  they serve; the LeaderWorkerSet's ConfigMap carries docs/deploy/tp3.toml.
+  they serve; each LeaderWorkerSet's ConfigMap carries its docs/deploy/ TOML
+  (tp3.toml, dp4.toml).
 - The engine's side: `host config show`, given each pod's (or Slurm
   task's) command-line flags and the environment its launcher sets, yields
-  the node place the group needs (nnodes, node_rank, master_addr).
+  the node place the group needs (nnodes, node_rank, master_addr; for
+  data-parallel machines, the first engine-core rank and the API server).
 
 Usage: python3 tests/deploy/check.py target/debug/host
 """
@@ -176,22 +178,26 @@ def with_config_mounted(argv, configmap):
     return [a.replace("/etc/host", str(tmp)) for a in argv]
 
 
-def check_lws(host, docs):
+def check_lws(host, file, toml_name, expect):
+    """A LeaderWorkerSet file: its objects' schemas, its ConfigMap equal to
+    docs/deploy/<toml_name>, and `expect(config, size, index, leader, what)`
+    for what each pod's `host serve` makes of its launcher's environment."""
+    docs = list(yaml.safe_load_all((DEPLOY / file).read_text()))
     configmap = next(d for d in docs if d["kind"] == "ConfigMap")
-    assert tomllib.loads(configmap["data"]["tp3.toml"]) == tomllib.loads(
-        (DEPLOY / "tp3.toml").read_text()
-    ), "the ConfigMap's tp3.toml differs from docs/deploy/tp3.toml"
+    assert tomllib.loads(configmap["data"][toml_name]) == tomllib.loads(
+        (DEPLOY / toml_name).read_text()
+    ), f"the ConfigMap's {toml_name} differs from docs/deploy/{toml_name}"
     for doc in docs:
         if doc["kind"] != "LeaderWorkerSet":
-            core(doc, "leaderworkerset.yaml")
+            core(doc, file)
             continue
         jsonschema.validate(doc, LWS)
-        print("ok  leaderworkerset.yaml: LeaderWorkerSet fields (leaderworkerset.x-k8s.io/v1)")
+        print(f"ok  {file}: LeaderWorkerSet fields (leaderworkerset.x-k8s.io/v1)")
         lwt = doc["spec"]["leaderWorkerTemplate"]
         size = lwt["size"]
         leader = f"{doc['metadata']['name']}-0.{doc['metadata']['name']}.default"
         for index, key in [(0, "leaderTemplate"), (1, "workerTemplate")]:
-            pod_template(lwt[key], f"leaderworkerset.yaml: {key}")
+            pod_template(lwt[key], f"{file}: {key}")
             argv = with_config_mounted(lwt[key]["spec"]["containers"][0]["command"], configmap)
             env = {
                 "LWS_LEADER_ADDRESS": leader,
@@ -199,8 +205,21 @@ def check_lws(host, docs):
                 "LWS_WORKER_INDEX": str(index),
             }
             config = host_config(host, argv, env)
-            expect_place(config, size, index, leader, f"leaderworkerset.yaml: {key} as pod {index}")
-            assert config["parallel"]["tensor_parallel_size"] >= size
+            expect(config, size, index, leader, f"{file}: {key} as pod {index}")
+
+
+def tensor_parallel_node(config, size, index, leader, what):
+    expect_place(config, size, index, leader, what)
+    assert config["parallel"]["tensor_parallel_size"] >= size
+
+
+def data_parallel_machine(config, size, index, leader, what):
+    p = config["parallel"]
+    local = p["data_parallel_size_local"]
+    assert local * size == p["data_parallel_size"], f"{what}: {size} pods do not hold every rank"
+    got = (p["data_parallel_start_rank"], p["master_addr"], p["nnodes"])
+    assert got == (index * local, leader, 1), f"{what}: (start rank, master_addr, nnodes) = {got}"
+    print(f"ok  {what}: engine cores {index * local}..{(index + 1) * local}, API server {leader}")
 
 
 def check_replicas(host, docs):
@@ -237,7 +256,8 @@ def check_slurm(host):
 
 def main():
     host = sys.argv[1]
-    check_lws(host, list(yaml.safe_load_all((DEPLOY / "leaderworkerset.yaml").read_text())))
+    check_lws(host, "leaderworkerset.yaml", "tp3.toml", tensor_parallel_node)
+    check_lws(host, "dp-leaderworkerset.yaml", "dp4.toml", data_parallel_machine)
     check_replicas(host, list(yaml.safe_load_all((DEPLOY / "replicas.yaml").read_text())))
     check_slurm(host)
     print("deployment files: all checks passed")

@@ -1,7 +1,9 @@
 //! A node's place in a multi-node group, read from the environment of the
 //! launcher that started it, so one command line (`host serve --config
 //! group.toml`) serves every node under torchrun, Slurm or a Kubernetes
-//! LeaderWorkerSet: node 0 serves the API, the others run workers.
+//! LeaderWorkerSet: node 0 serves the API, the others run workers (or,
+//! with `parallel.data_parallel_size_local` set, their share of the
+//! data-parallel engine cores).
 //!
 //! The environment is read only when the configuration and the flags leave
 //! `parallel.nnodes` at 1: what an operator wrote always wins.
@@ -96,7 +98,9 @@ pub fn place(var: impl Fn(&str) -> Option<String>) -> Result<Option<NodePlace>, 
 }
 
 /// Fills the node keys of `config` from the launcher's environment when
-/// the configuration leaves `parallel.nnodes` at 1, and validates again.
+/// the configuration leaves `parallel.nnodes` at 1 (with
+/// `data_parallel_size_local` set: this machine's first data-parallel rank
+/// and the API server's address instead), and validates again.
 /// Returns the place it used.
 pub fn apply(config: &mut EngineConfig) -> anyhow::Result<Option<NodePlace>> {
     if config.parallel.nnodes != 1 {
@@ -107,9 +111,33 @@ pub fn apply(config: &mut EngineConfig) -> anyhow::Result<Option<NodePlace>> {
     let Some(found) = found.filter(|p| p.nnodes > 1) else {
         return Ok(None);
     };
+    take_place(config, &found)?;
+    Ok(Some(found))
+}
+
+/// Sets `config`'s node keys to `found`, and validates.
+fn take_place(config: &mut EngineConfig, found: &NodePlace) -> anyhow::Result<()> {
     let p = &mut config.parallel;
-    p.nnodes = found.nnodes;
-    p.node_rank = found.node_rank;
+    match p.data_parallel_size_local {
+        // Data-parallel machines: each runs `local` engine cores, in the
+        // launcher's order; the first also serves the API.
+        Some(local) if p.data_parallel_size > 1 && p.data_parallel_start_rank == 0 => {
+            if found.nnodes * local != p.data_parallel_size {
+                anyhow::bail!(
+                    "{} started {} machines of data_parallel_size_local = {local} engine cores \
+                     each, but data_parallel_size is {}: make them multiply out",
+                    found.launcher,
+                    found.nnodes,
+                    p.data_parallel_size
+                );
+            }
+            p.data_parallel_start_rank = found.node_rank * local;
+        }
+        _ => {
+            p.nnodes = found.nnodes;
+            p.node_rank = found.node_rank;
+        }
+    }
     p.master_addr = found.master_addr.clone();
     p.master_port = found.master_port;
     config.validate().map_err(|e| {
@@ -118,7 +146,7 @@ pub fn apply(config: &mut EngineConfig) -> anyhow::Result<Option<NodePlace>> {
             found.launcher
         )
     })?;
-    Ok(Some(found))
+    Ok(())
 }
 
 /// The first host of a Slurm node list: `gpu[07-09,12],cpu1` is `gpu07`.
@@ -263,5 +291,33 @@ mod tests {
         ]))
         .unwrap_err();
         assert!(err.contains("MASTER_PORT"), "{err}");
+    }
+
+    #[test]
+    fn data_parallel_machines_take_their_first_rank_from_the_node_place() {
+        let place = |node_rank| NodePlace {
+            launcher: "LeaderWorkerSet",
+            nnodes: 2,
+            node_rank,
+            master_addr: "grp-0.grp.default".into(),
+            master_port: DEFAULT_MASTER_PORT,
+        };
+        let mut base = EngineConfig::default();
+        base.server.engine_core_process = true;
+        base.parallel.data_parallel_size = 4;
+        base.parallel.data_parallel_size_local = Some(2);
+        for (node_rank, start) in [(0, 0), (1, 2)] {
+            let mut config = base.clone();
+            take_place(&mut config, &place(node_rank)).unwrap();
+            let p = &config.parallel;
+            assert_eq!(p.data_parallel_start_rank, start);
+            assert_eq!(p.local_data_parallel_ranks(), start..start + 2);
+            assert_eq!((p.nnodes, p.node_rank), (1, 0), "no tensor-parallel nodes");
+            assert_eq!(p.master_addr, "grp-0.grp.default");
+        }
+        let mut three = base.clone();
+        three.parallel.data_parallel_size = 3;
+        let err = take_place(&mut three, &place(1)).unwrap_err().to_string();
+        assert!(err.contains("2 machines") && err.contains("is 3"), "{err}");
     }
 }
