@@ -32,7 +32,7 @@ use crate::distributed::TpGroup;
 use crate::kernels::{MatmulPath, ThreadPool};
 use crate::model::{self, LlamaConfig, ModelWeights};
 use crate::model_runner::{
-    CpuModelRunner, DeviceRunner, KvCacheBudget, Logits, ModelInput, RunnerConfig,
+    CpuModelRunner, DeviceRunner, KvCacheBudget, Logits, ModelInput, RunnerConfig, StepProfile,
 };
 use crate::step::{ModelRunnerOutput, SchedulerOutput};
 use input_batch::{InputBatch, StepPlan};
@@ -318,6 +318,17 @@ impl Worker {
         Ok(self
             .runner_mut("execute_model_input")?
             .execute_model(input)?)
+    }
+
+    /// Starts (from zero) or stops timing each operation of the runner's
+    /// steps (`host bench --profile`); `false` when the runner cannot.
+    pub fn set_profiling(&mut self, on: bool) -> Result<bool, WorkerError> {
+        Ok(self.runner_mut("set_profiling")?.set_profiling(on))
+    }
+
+    /// The time per operation since profiling started, if it is on.
+    pub fn profile(&self) -> Option<&StepProfile> {
+        self.runner.as_deref().and_then(|r| r.profile())
     }
 
     /// Applies a scheduler step's deltas to the persistent batch and runs

@@ -14,6 +14,7 @@ use crate::config::EngineConfig;
 use crate::engine::startup;
 use crate::kernels::{cpu_description, CpuKernels};
 use crate::model_runner::ModelInput;
+use crate::worker::Worker;
 
 /// Flags of `host bench`.
 #[derive(Debug, Args)]
@@ -34,6 +35,11 @@ pub struct BenchArgs {
     /// Also write the results as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Afterwards, run each test once more timing every operation of the
+    /// forward pass, and the thread pool's fork-join, and print where the
+    /// time goes.
+    #[arg(long)]
+    pub profile: bool,
 }
 
 /// The benchmarks besides the default pp/tg test.
@@ -85,21 +91,17 @@ pub fn run(config: &EngineConfig, args: &BenchArgs) -> anyhow::Result<()> {
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % vocab)
         .collect();
 
+    let tests = Tests {
+        tokens: &tokens,
+        table: &table,
+        prompt_tokens: args.prompt_tokens,
+        gen_tokens: args.gen_tokens,
+    };
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
     for rep in 0..=args.repetitions {
-        let n = args.prompt_tokens;
-        let input = ModelInput::single(&tokens[..n], 0, table.clone());
-        let t = Instant::now();
-        session.worker.execute_model_input(&input)?;
-        let pp = n as f64 / t.elapsed().as_secs_f64();
-
-        let t = Instant::now();
-        for i in 0..args.gen_tokens {
-            let input = ModelInput::single(&tokens[i..=i], i, table.clone());
-            session.worker.execute_model_input(&input)?;
-        }
-        let tg = args.gen_tokens as f64 / t.elapsed().as_secs_f64();
+        let pp = tests.prefill(&mut session.worker)?;
+        let tg = tests.decode(&mut session.worker)?;
         if rep > 0 {
             prefill.push(pp);
             decode.push(tg);
@@ -139,6 +141,9 @@ pub fn run(config: &EngineConfig, args: &BenchArgs) -> anyhow::Result<()> {
             r.tokens_per_s_stddev
         );
     }
+    if args.profile {
+        super::bench_profile::run(&mut session.worker, &tests, threads)?;
+    }
     if let Some(path) = &args.json {
         let json = serde_json::json!({
             "model": config.model.path,
@@ -152,6 +157,37 @@ pub fn run(config: &EngineConfig, args: &BenchArgs) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
     }
     Ok(())
+}
+
+/// The pp and tg tests' inputs.
+pub(super) struct Tests<'a> {
+    tokens: &'a [u32],
+    table: &'a [u32],
+    /// Prompt tokens of the prefill test.
+    pub prompt_tokens: usize,
+    /// Tokens of the decode test.
+    pub gen_tokens: usize,
+}
+
+impl Tests<'_> {
+    /// One prefill of the prompt in one step; tokens per second.
+    pub fn prefill(&self, worker: &mut Worker) -> anyhow::Result<f64> {
+        let n = self.prompt_tokens;
+        let input = ModelInput::single(&self.tokens[..n], 0, self.table.to_vec());
+        let t = Instant::now();
+        worker.execute_model_input(&input)?;
+        Ok(n as f64 / t.elapsed().as_secs_f64())
+    }
+
+    /// Decodes one token per step; tokens per second.
+    pub fn decode(&self, worker: &mut Worker) -> anyhow::Result<f64> {
+        let t = Instant::now();
+        for i in 0..self.gen_tokens {
+            let input = ModelInput::single(&self.tokens[i..=i], i, self.table.to_vec());
+            worker.execute_model_input(&input)?;
+        }
+        Ok(self.gen_tokens as f64 / t.elapsed().as_secs_f64())
+    }
 }
 
 fn summarize(test: String, tokens: usize, runs: Vec<f64>) -> TestResult {

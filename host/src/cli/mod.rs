@@ -4,6 +4,7 @@
 //! same thing.
 
 mod bench;
+mod bench_profile;
 mod bench_throughput;
 mod generate;
 mod kv_events_flag;

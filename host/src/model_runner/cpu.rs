@@ -13,6 +13,7 @@ use super::attention::{plan, AttnDims, SeqSpan};
 use super::input::{Limits, ModelInput};
 use super::kv_cache::{KvCache, KvCacheShape};
 use super::layer::{norm_weight, weight_matrix, Layer, StepCtx};
+use super::profile::{Laps, Op, StepProfile};
 use super::scratch::Scratch;
 use super::{Logits, LogitsSink, LogitsSpan, RunnerError};
 use crate::distributed::TpGroup;
@@ -61,6 +62,8 @@ pub struct CpuModelRunner {
     kv: Option<KvCache>,
     /// The tensor-parallel group, when the weights are one rank's shard.
     all_reduce: Option<Arc<TpGroup>>,
+    /// Time per operation, while profiling is on.
+    profile: Option<Box<StepProfile>>,
 }
 
 impl CpuModelRunner {
@@ -110,6 +113,7 @@ impl CpuModelRunner {
             last_hidden: vec![0.0; limits.max_num_batched_tokens * c.hidden_size],
             kv: None,
             all_reduce: None,
+            profile: None,
             pool,
         })
     }
@@ -149,6 +153,17 @@ impl CpuModelRunner {
     /// Switches the matmul kernel family for the following steps.
     pub fn set_matmul_path(&mut self, path: MatmulPath) {
         self.limits.matmul_path = path;
+    }
+
+    /// Starts timing every operation of the following steps (from zero),
+    /// or stops; see [`CpuModelRunner::profile`].
+    pub fn set_profiling(&mut self, on: bool) {
+        self.profile = on.then(Box::default);
+    }
+
+    /// The time per operation of the steps since profiling started.
+    pub fn profile(&self) -> Option<&StepProfile> {
+        self.profile.as_deref()
     }
 
     /// The KV cache's dimensions (everything but the number of blocks).
@@ -254,7 +269,9 @@ impl CpuModelRunner {
             last_hidden,
             kv,
             all_reduce,
+            profile,
         } = self;
+        let profile = profile.as_deref();
         let cache = kv.as_mut().ok_or(RunnerError::NoKvCache)?;
         input.validate(&Limits {
             vocab_size: c.vocab_size,
@@ -276,9 +293,11 @@ impl CpuModelRunner {
         }
         plan(&s.spans, c.num_attention_heads, &mut s.items);
         let block_tables: Vec<&[u32]> = input.seqs.iter().map(|q| &q.block_table[..]).collect();
+        let mut laps = Laps::start(profile);
         for (row, &id) in s.h[..n * hid].chunks_exact_mut(hid).zip(&input.token_ids) {
             embed.dequantize_row(id as usize, row);
         }
+        laps.lap(Op::Embed);
         let ctx = StepCtx {
             pool,
             path: limits.matmul_path,
@@ -295,10 +314,12 @@ impl CpuModelRunner {
             block_tables: &block_tables,
             positions: &input.positions,
             all_reduce: all_reduce.as_deref(),
+            profile,
         };
         for (i, layer) in layers.iter().enumerate() {
             layer.forward(i, &ctx, s, cache)?;
         }
+        let mut laps = Laps::start(profile);
         let ns = s.spans.len();
         for (span, out) in s.spans.iter().zip(last_hidden.chunks_exact_mut(hid)) {
             let t = span.token_start + span.query_len - 1;
@@ -309,6 +330,7 @@ impl CpuModelRunner {
                 out,
             );
         }
+        laps.lap(Op::FinalNorm);
         let head = lm_head.as_ref().unwrap_or(embed);
         let mut data = vec![0.0; ns * head.rows()];
         matmul_with(
@@ -319,6 +341,10 @@ impl CpuModelRunner {
             &mut data,
             limits.matmul_path,
         );
+        laps.lap(Op::LmHead);
+        if let Some(p) = profile {
+            p.count_step();
+        }
         if !spans.is_empty() {
             span_logits(
                 pool,

@@ -4,7 +4,7 @@
 
 use super::{
     CpuModelRunner, KvCacheShape, Logits, LogitsSink, LogitsSpan, ModelInput, RunnerConfig,
-    RunnerError,
+    RunnerError, StepProfile,
 };
 use crate::model::{LlamaConfig, ModelWeights};
 use crate::sampling::SamplingParams;
@@ -134,6 +134,17 @@ pub trait DeviceRunner: Send {
 
     /// Wakes what [`DeviceRunner::offload_weights`] put to sleep.
     fn restore_weights(&mut self) -> Result<(), RunnerError>;
+
+    /// Starts (from zero) or stops timing each operation of the following
+    /// steps; `false` when this runner cannot (the default).
+    fn set_profiling(&mut self, _on: bool) -> bool {
+        false
+    }
+
+    /// The time per operation since profiling started, if it is on.
+    fn profile(&self) -> Option<&StepProfile> {
+        None
+    }
 }
 
 impl DeviceRunner for CpuModelRunner {
@@ -220,5 +231,14 @@ impl DeviceRunner for CpuModelRunner {
 
     fn restore_weights(&mut self) -> Result<(), RunnerError> {
         Ok(())
+    }
+
+    fn set_profiling(&mut self, on: bool) -> bool {
+        CpuModelRunner::set_profiling(self, on);
+        true
+    }
+
+    fn profile(&self) -> Option<&StepProfile> {
+        CpuModelRunner::profile(self)
     }
 }

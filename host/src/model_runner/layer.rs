@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::attention::{paged_attention, AttnArgs, AttnDims};
 use super::kv_cache::KvCache;
+use super::profile::{Laps, Op, StepProfile};
 use super::scratch::Scratch;
 use super::RunnerError;
 use crate::distributed::TpGroup;
@@ -118,6 +119,8 @@ pub(crate) struct StepCtx<'a> {
     /// The tensor-parallel group that completes the row-parallel
     /// projections' partial sums; `None` on a single rank.
     pub all_reduce: Option<&'a TpGroup>,
+    /// Where each operation's time goes, when profiling.
+    pub profile: Option<&'a StepProfile>,
 }
 
 impl Layer {
@@ -135,20 +138,25 @@ impl Layer {
         let (hid, d) = (ctx.hidden, ctx.dims);
         let (qw, kvw) = (d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim);
         let qkv_w = qw + 2 * kvw;
+        let mut laps = Laps::start(ctx.profile);
         let h = &mut s.h[..n * hid];
         let x = &mut s.x[..n * hid];
         for (xr, hr) in x.chunks_exact_mut(hid).zip(h.chunks_exact(hid)) {
             rms_norm(hr, &self.attn_norm, ctx.eps, xr);
         }
+        laps.lap(Op::AttnNorm);
         let qkv = &mut s.qkv[..n * qkv_w];
         matmul_with(ctx.pool, &self.wqkv, x, n, qkv, ctx.path);
+        laps.lap(Op::QkvProj);
         for (t, row) in qkv.chunks_exact_mut(qkv_w).enumerate() {
             let pos = ctx.positions[t] as usize;
             for head in row[..qw + kvw].chunks_exact_mut(d.head_dim) {
                 ctx.rope.apply(head, pos);
             }
         }
+        laps.lap(Op::Rope);
         self.store_kv(layer, ctx, s, cache, n);
+        laps.lap(Op::StoreKv);
         let attn = &mut s.attn[..n * qw];
         let args = AttnArgs {
             cache,
@@ -160,19 +168,25 @@ impl Layer {
             q_stride: qkv_w,
         };
         paged_attention(ctx.pool, d, &args, attn, &mut s.scores);
+        laps.lap(Op::Attention);
         let proj = &mut s.proj[..n * hid];
         matmul_with(ctx.pool, &self.wo, attn, n, proj, ctx.path);
+        laps.lap(Op::OutProj);
         reduce(ctx, proj)?;
+        laps.lap(Op::AllReduce);
         let h = &mut s.h[..n * hid];
         add_into(h, proj);
+        laps.lap(Op::Residual);
 
         let x = &mut s.x[..n * hid];
         for (xr, hr) in x.chunks_exact_mut(hid).zip(h.chunks_exact(hid)) {
             rms_norm(hr, &self.ffn_norm, ctx.eps, xr);
         }
+        laps.lap(Op::FfnNorm);
         let ff = ctx.intermediate;
         let gu = &mut s.gate_up[..n * 2 * ff];
         matmul_with(ctx.pool, &self.w_gate_up, x, n, gu, ctx.path);
+        laps.lap(Op::GateUpProj);
         // SwiGLU, compacting rows in place: token t's activations move from
         // [2t·ff, 2t·ff + ff) to [t·ff, (t+1)·ff), which never overlaps a row
         // not yet processed.
@@ -181,9 +195,13 @@ impl Layer {
             silu_mul(gate, up);
             gu.copy_within(2 * t * ff..2 * t * ff + ff, t * ff);
         }
+        laps.lap(Op::SiluMul);
         matmul_with(ctx.pool, &self.w_down, &gu[..n * ff], n, proj, ctx.path);
+        laps.lap(Op::DownProj);
         reduce(ctx, proj)?;
+        laps.lap(Op::AllReduce);
         add_into(h, proj);
+        laps.lap(Op::Residual);
         Ok(())
     }
 

@@ -6,6 +6,7 @@
 //! - [`kv_cache`]: the paged K/V storage ([`KvCache`]);
 //! - [`attention`]: causal paged attention over the block tables;
 //! - [`cpu`]: [`CpuModelRunner`], the forward pass itself;
+//! - [`profile`]: [`StepProfile`], where a forward pass's time goes;
 //! - [`device_runner`]: [`DeviceRunner`], what the worker drives, on the
 //!   CPU or (`crate::cuda`) a GPU.
 
@@ -15,11 +16,13 @@ mod device_runner;
 mod input;
 mod kv_cache;
 mod layer;
+mod profile;
 mod scratch;
 
 use thiserror::Error;
 
 pub use cpu::{CpuModelRunner, RunnerConfig, LOGITS_CHUNK_ROWS};
+pub use profile::{Op, StepProfile};
 pub use device_runner::{DeviceRunner, DeviceSampleRow, KvCacheBudget};
 /// The limits a step is validated against (shared with the CUDA runner).
 #[cfg(feature = "cuda")]
