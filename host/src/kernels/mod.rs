@@ -42,7 +42,7 @@ pub use cpu::{cpu_description, CpuKernels, KERNELS_ENV};
 pub use matmul::{matmul, matmul_on, matmul_with, MatmulPath};
 pub use pool::{ThreadPool, SPIN_WINDOW};
 pub use rope::RopeTable;
-pub use vector::{axpy, dot, rms_norm, silu_mul, softmax_inplace};
+pub use vector::{axpy, axpy_rows, dot, dot_rows_scaled, rms_norm, silu_mul, softmax_inplace};
 pub use weights::WeightMatrix;
 
 pub use crate::model::DType;

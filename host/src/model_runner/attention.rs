@@ -10,7 +10,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::kv_cache::KvCache;
-use crate::kernels::{axpy, dot, softmax_inplace, ThreadPool};
+use crate::kernels::{axpy_rows, dot_rows_scaled, softmax_inplace, ThreadPool};
 
 /// Queries per work item: small enough to balance a prefill chunk over the
 /// threads, large enough that taking an item costs nothing in comparison.
@@ -193,18 +193,15 @@ fn attend_one(
     let n = pos + 1;
     for (b, chunk) in scores.chunks_mut(bs).enumerate() {
         let tile = args.cache.k_tile(args.layer, table[b] as usize, kv_head);
-        for (slot, s) in chunk.iter_mut().enumerate() {
-            *s = dot(q, &tile[slot * hd..(slot + 1) * hd]) * scale;
-        }
+        dot_rows_scaled(q, tile, scale, chunk);
     }
     softmax_inplace(&mut scores[..n]);
     out.fill(0.0);
-    for (b, chunk) in scores.chunks(bs).enumerate() {
+    let tiles = scores[..n].chunks(bs).enumerate().map(|(b, chunk)| {
         let tile = args.cache.v_tile(args.layer, table[b] as usize, kv_head);
-        for (slot, &p) in chunk.iter().enumerate() {
-            axpy(p, &tile[slot * hd..(slot + 1) * hd], out);
-        }
-    }
+        (chunk, tile)
+    });
+    axpy_rows(tiles, out);
 }
 
 #[cfg(test)]

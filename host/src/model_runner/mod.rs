@@ -22,13 +22,13 @@ mod scratch;
 use thiserror::Error;
 
 pub use cpu::{CpuModelRunner, RunnerConfig, LOGITS_CHUNK_ROWS};
-pub use profile::{Op, StepProfile};
 pub use device_runner::{DeviceRunner, DeviceSampleRow, KvCacheBudget};
 /// The limits a step is validated against (shared with the CUDA runner).
 #[cfg(feature = "cuda")]
 pub(crate) use input::Limits as InputLimits;
 pub use input::{ModelInput, SeqInput};
 pub use kv_cache::{KvCache, KvCacheShape};
+pub use profile::{Op, StepProfile};
 
 use crate::distributed::AllReduceError;
 use crate::kernels::KernelError;

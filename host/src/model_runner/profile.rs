@@ -179,7 +179,10 @@ mod tests {
         assert_eq!(profile.calls(Op::Rope), 1);
         assert!(profile.time(Op::QkvProj) >= Duration::from_millis(30));
         assert!(profile.time(Op::Rope) < Duration::from_millis(10));
-        assert_eq!(profile.total(), profile.time(Op::QkvProj) + profile.time(Op::Rope));
+        assert_eq!(
+            profile.total(),
+            profile.time(Op::QkvProj) + profile.time(Op::Rope)
+        );
 
         let mut off = Laps::start(None);
         off.lap(Op::Embed);
