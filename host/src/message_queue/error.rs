@@ -179,3 +179,17 @@ pub enum QueueError {
         detail: String,
     },
 }
+
+impl QueueError {
+    /// Whether the other end is gone for good: the queue was shut down, its
+    /// writer's process died, or (a remote end) the connection was lost.
+    /// A reader that sees this has read everything there will be.
+    pub fn other_end_gone(&self) -> bool {
+        matches!(
+            self,
+            QueueError::Shutdown
+                | QueueError::WriterDead { .. }
+                | QueueError::ConnectionLost { .. }
+        )
+    }
+}

@@ -94,11 +94,7 @@ fn forward_inputs(input: &MessageQueue, to_core: &Sender<CoreInput>) {
         let msg = match input.dequeue::<ClientMessage>(None) {
             Ok(msg) => msg,
             // The client is gone (on another machine: its connection is).
-            Err(
-                QueueError::Shutdown
-                | QueueError::WriterDead { .. }
-                | QueueError::ConnectionLost { .. },
-            ) => return,
+            Err(e) if e.other_end_gone() => return,
             Err(e) => {
                 // A frame that does not decode is refused, not guessed at;
                 // the engine carries on with the next one.

@@ -78,7 +78,7 @@ fn spawn_local(config: &EngineConfig) -> anyhow::Result<Spawned> {
             child,
             stdout: Some(stdout),
         },
-        death_pipe: DeathPipe::Local(stdin),
+        death_pipe: DeathPipe::Local { _stdin: stdin },
         input,
     })
 }

@@ -22,7 +22,7 @@ pub(super) enum CoreProcess {
 /// process its client is gone.
 pub(super) enum DeathPipe {
     /// The child's stdin, held for its close.
-    Local(#[allow(dead_code)] ChildStdin),
+    Local { _stdin: ChildStdin },
     /// The headless machine's connection, closed for writing on drop.
     Remote(std::net::TcpStream),
 }

@@ -21,7 +21,7 @@ use crate::config::EngineConfig;
 use crate::engine::client::EngineCoreError;
 use crate::engine::restart::RestartBudget;
 use crate::engine::shared::{Liveness, Shared};
-use crate::message_queue::{MessageQueue, QueueError};
+use crate::message_queue::MessageQueue;
 
 /// What the supervisor shares with the transport, and owns.
 pub(super) struct Supervisor {
@@ -286,11 +286,7 @@ fn read_outputs(output: &MessageQueue, shared: &Shared, pending: &Pending) {
             }
             // The process ended (on another machine: its connection did);
             // the supervisor reports how.
-            Err(
-                QueueError::Shutdown
-                | QueueError::WriterDead { .. }
-                | QueueError::ConnectionLost { .. },
-            ) => return,
+            Err(e) if e.other_end_gone() => return,
             Err(e) => {
                 shared.stop(Some(format!(
                     "a message from the engine core could not be read: {e}"
