@@ -9,7 +9,8 @@ use clap::Args;
 use super::shipped_plugins::{asks_for_structured_output, structured_outputs_unavailable};
 use crate::config::EngineConfig;
 use crate::plugins::{host_from_config, RequestChecker, Vocabulary};
-use crate::server::RequestCheck;
+use crate::server::{MakeCheck, RequestCheck};
+use crate::tokenizer::Tokenizer;
 
 /// Flags of `host serve`.
 #[derive(Debug, Default, Args)]
@@ -60,11 +61,15 @@ pub fn run(config: &EngineConfig, args: &ServeArgs) -> anyhow::Result<()> {
         return crate::engine::run_headless_node(config);
     }
     let plugins = super::plugins_in_use::describe(config)?;
-    let check = ServeCheck {
-        processors: request_checker(config)?,
-        structured_outputs_unavailable: structured_outputs_unavailable(config),
-    };
-    crate::server::serve(config, plugins, Some(Arc::new(check)))
+    let check_config = config.clone();
+    let make_check: MakeCheck = Box::new(move |tokenizer| {
+        let check = ServeCheck {
+            processors: request_checker(&check_config, tokenizer)?,
+            structured_outputs_unavailable: structured_outputs_unavailable(&check_config),
+        };
+        Ok(Some(Arc::new(check)))
+    });
+    crate::server::serve(config, plugins, Some(make_check))
 }
 
 /// What the server asks of each request's `extra_args` before queueing it.
@@ -91,16 +96,19 @@ impl RequestCheck for ServeCheck {
 
 /// The logits processors' check of each request's `extra_args` before it
 /// is queued: instances of its own (the server's threads never wait on a
-/// worker's), given the served model's vocabulary as the workers' are.
-/// `None` when no configured processor checks requests (WIT 0.4).
-fn request_checker(config: &EngineConfig) -> anyhow::Result<Option<RequestChecker>> {
+/// worker's), given the served model's vocabulary (from the server's
+/// `tokenizer`) as the workers' are. `None` when no configured processor
+/// checks requests (WIT 0.4).
+fn request_checker(
+    config: &EngineConfig,
+    tokenizer: &Tokenizer,
+) -> anyhow::Result<Option<RequestChecker>> {
     let names = &config.plugins.logits_processors;
     if names.is_empty() {
         return Ok(None);
     }
     let host = host_from_config(&config.plugins)
         .context("loading the logits processors for the request check")?;
-    let tokenizer = crate::engine::startup::load_tokenizer(config)?;
     let vocabulary = Vocabulary::from_tokens(tokenizer.tokens(), tokenizer.eos_token_id());
     RequestChecker::new(&host, names, &vocabulary)
         .context("starting the logits processors for the request check")

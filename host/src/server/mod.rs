@@ -78,6 +78,12 @@ pub trait RequestCheck: Send + Sync {
     fn check(&self, extra_args: Option<&serde_json::Value>) -> Result<(), String>;
 }
 
+/// Builds the [`RequestCheck`] from the served model's tokenizer (the
+/// server's own, so the process holds one copy of it); `None` when nothing
+/// needs checking.
+pub type MakeCheck =
+    Box<dyn FnOnce(&Tokenizer) -> anyhow::Result<Option<Arc<dyn RequestCheck>>> + Send>;
+
 /// What every handler shares.
 pub struct AppState {
     /// The engine core.
@@ -216,25 +222,26 @@ fn unix_now() -> u64 {
 /// Starts the engine, then serves until SIGTERM / Ctrl-C (exit 0) or until
 /// the engine dies (an error, so the process exits non-zero).
 ///
-/// `check`, when given, vets every generation request's final `extra_args`
-/// before it is queued ([`RequestCheck`]).
+/// `make_check`, when given, builds what vets every generation request's
+/// final `extra_args` before it is queued ([`RequestCheck`]), once the
+/// tokenizer is loaded.
 pub fn serve(
     config: &EngineConfig,
     plugins: serde_json::Value,
-    check: Option<Arc<dyn RequestCheck>>,
+    make_check: Option<MakeCheck>,
 ) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("http")
         .build()
         .context("starting the HTTP server's runtime")?;
-    runtime.block_on(run(config, plugins, check))
+    runtime.block_on(run(config, plugins, make_check))
 }
 
 async fn run(
     config: &EngineConfig,
     plugins: serde_json::Value,
-    check: Option<Arc<dyn RequestCheck>>,
+    make_check: Option<MakeCheck>,
 ) -> anyhow::Result<()> {
     let addr = format!("{}:{}", config.server.host, config.server.port);
     // Bind first: a taken port should fail before a slow model load.
@@ -245,12 +252,17 @@ async fn run(
     let (ready, loaded) = tokio::sync::oneshot::channel();
     let loading = tokio::spawn(loading::answer_while_loading(listener, loaded));
     let engine_config = config.clone();
-    let (client, tokenizer) = tokio::task::spawn_blocking(move || {
-        if engine_config.server.engine_core_process {
-            EngineCoreClient::start_process(&engine_config)
+    let (client, tokenizer, check) = tokio::task::spawn_blocking(move || {
+        let (client, tokenizer) = if engine_config.server.engine_core_process {
+            EngineCoreClient::start_process(&engine_config)?
         } else {
-            EngineCoreClient::start_in_process(&engine_config)
-        }
+            EngineCoreClient::start_in_process(&engine_config)?
+        };
+        let check = match make_check {
+            Some(make) => make(&tokenizer)?,
+            None => None,
+        };
+        anyhow::Ok((client, tokenizer, check))
     })
     .await
     .context("the engine start-up panicked")??;
