@@ -72,7 +72,11 @@ fn start(
 ) -> anyhow::Result<(crate::engine::EngineCore, MessageQueue, MessageQueue)> {
     let config: EngineConfig =
         toml::from_str(&boot.config_toml).context("the bootstrap's configuration")?;
-    let (mut core, _tokenizer) = build_engine_core(&config)?;
+    // The API server detokenizes; the engine core needed the tokenizer
+    // only to start.
+    let (mut core, tokenizer) = build_engine_core(&config)?;
+    drop(tokenizer);
+    crate::engine::startup::release_freed_memory();
     if config.parallel.data_parallel_size > 1 {
         // The API server routes by what each rank's prefix cache holds.
         core = core.with_routed_kv_events();
