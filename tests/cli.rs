@@ -317,8 +317,10 @@ fn config_show_prints_the_effective_config() {
     let out = host(&[
         "--max-num-batched-tokens",
         "512",
+        "--max-num-seqs",
+        "8",
         "--set",
-        "scheduler.max_num_seqs=8",
+        "scheduler.async_scheduling=false",
         "config",
         "show",
     ]);
@@ -332,6 +334,10 @@ fn config_show_prints_the_effective_config() {
         Some(512)
     );
     assert_eq!(shown["scheduler"]["max_num_seqs"].as_integer(), Some(8));
+    assert_eq!(
+        shown["scheduler"]["async_scheduling"].as_bool(),
+        Some(false)
+    );
     assert_eq!(
         shown["cache"]["block_size"].as_integer(),
         Some(16),

@@ -137,8 +137,10 @@ pub struct CacheConfig {
     /// Tokens per KV block.
     pub block_size: usize,
     /// Memory given to the KV cache, in bytes (vLLM's
-    /// `kv_cache_memory_bytes`). Unset: [`DEFAULT_CPU_KV_CACHE_BYTES`] on a
-    /// CPU worker; on a GPU worker, what `gpu_memory_utilization` leaves.
+    /// `kv_cache_memory_bytes`). Unset: on a CPU worker, what
+    /// `scheduler.max_num_seqs` sequences of `model.max_model_len` tokens
+    /// fill, at most [`DEFAULT_CPU_KV_CACHE_BYTES`]; on a GPU worker, what
+    /// `gpu_memory_utilization` leaves.
     pub kv_cache_memory_bytes: Option<u64>,
     /// The fraction of the GPU's memory the engine may use (weights,
     /// activations and KV cache together) when `kv_cache_memory_bytes` is
@@ -148,7 +150,8 @@ pub struct CacheConfig {
     pub enable_prefix_caching: bool,
 }
 
-/// The CPU worker's KV cache when `cache.kv_cache_memory_bytes` is unset.
+/// The most a CPU worker's KV cache takes when `cache.kv_cache_memory_bytes`
+/// is unset.
 pub const DEFAULT_CPU_KV_CACHE_BYTES: u64 = 256 << 20;
 
 impl Default for CacheConfig {

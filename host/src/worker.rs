@@ -282,6 +282,7 @@ impl Worker {
         let budget = KvCacheBudget {
             bytes: self.config.kv_cache_memory_bytes,
             gpu_memory_utilization: self.config.gpu_memory_utilization,
+            max_num_seqs: self.config.max_num_seqs,
         };
         Ok(self
             .runner_mut("determine_available_memory")?

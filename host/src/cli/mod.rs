@@ -87,11 +87,15 @@ struct EngineArgs {
     /// Token budget per engine step [scheduler.max_num_batched_tokens].
     #[arg(long, global = true)]
     max_num_batched_tokens: Option<usize>,
+    /// Most sequences per engine step [scheduler.max_num_seqs].
+    #[arg(long, global = true)]
+    max_num_seqs: Option<usize>,
     /// Tokens per KV block [cache.block_size].
     #[arg(long, global = true)]
     block_size: Option<usize>,
-    /// KV-cache memory, in bytes (default: 256 MiB on the CPU, what
-    /// gpu_memory_utilization leaves on a GPU) [cache.kv_cache_memory_bytes].
+    /// KV-cache memory, in bytes (default on the CPU: what max_num_seqs
+    /// sequences of max_model_len tokens fill, at most 256 MiB; on a GPU:
+    /// what gpu_memory_utilization leaves) [cache.kv_cache_memory_bytes].
     #[arg(long, global = true)]
     kv_cache_memory_bytes: Option<u64>,
     /// Compute threads; 0 = every core [worker.num_threads].
@@ -156,6 +160,10 @@ impl EngineArgs {
         push(
             "scheduler.max_num_batched_tokens",
             self.max_num_batched_tokens.map(|v| v.to_string()),
+        );
+        push(
+            "scheduler.max_num_seqs",
+            self.max_num_seqs.map(|v| v.to_string()),
         );
         push("cache.block_size", self.block_size.map(|v| v.to_string()));
         push(

@@ -17,6 +17,9 @@ pub struct KvCacheBudget {
     pub bytes: Option<usize>,
     /// Otherwise, on a GPU: the fraction of the device the engine may use.
     pub gpu_memory_utilization: f64,
+    /// The most sequences a step schedules (`scheduler.max_num_seqs`): with
+    /// `max_model_len`, all the KV cache the engine can ever have in use.
+    pub max_num_seqs: usize,
 }
 
 /// One row a step samples where its logits are, described without naming
@@ -172,13 +175,22 @@ impl DeviceRunner for CpuModelRunner {
         self.kv_cache().map_or(0, |c| c.num_blocks())
     }
 
-    /// The explicit budget, or `cache.kv_cache_memory_bytes`' CPU default:
-    /// host memory is not profiled (vLLM's CPU worker also takes a fixed
-    /// KV-cache space).
+    /// The explicit budget, or else what `max_num_seqs` sequences of
+    /// `max_model_len` tokens fill, at most `cache.kv_cache_memory_bytes`'
+    /// CPU default: host memory is not profiled (vLLM's CPU worker also
+    /// takes a fixed KV-cache space), and a small configuration should not
+    /// hold memory it can never use.
     fn determine_available_memory(&mut self, budget: &KvCacheBudget) -> Result<usize, RunnerError> {
-        Ok(budget
-            .bytes
-            .unwrap_or(crate::config::DEFAULT_CPU_KV_CACHE_BYTES as usize))
+        if let Some(bytes) = budget.bytes {
+            return Ok(bytes);
+        }
+        let limits = CpuModelRunner::runner_config(self);
+        let usable = limits
+            .max_model_len
+            .div_ceil(limits.block_size)
+            .saturating_mul(budget.max_num_seqs)
+            .saturating_mul(self.bytes_per_block());
+        Ok(usable.min(crate::config::DEFAULT_CPU_KV_CACHE_BYTES as usize))
     }
 
     fn initialize_kv_cache(&mut self, num_blocks: usize) -> Result<(), RunnerError> {

@@ -189,3 +189,34 @@ fn prompt_logprobs_of_a_chunked_prefill_are_the_log_softmax_of_each_prefix() {
         assert!((e.top[0].1 - (row[best as usize] - lse)).abs() < 1e-3);
     }
 }
+
+#[test]
+fn the_cpu_kv_cache_defaults_to_what_the_configuration_can_fill() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let available = |max_num_seqs, max_model_len, bytes| {
+        let mut w = Worker::new(WorkerConfig {
+            model: crate::config::default_model_path(&root),
+            kv_cache_memory_bytes: bytes,
+            max_num_seqs,
+            max_model_len,
+            ..config()
+        })
+        .unwrap();
+        w.init_device().unwrap();
+        w.load_model().unwrap();
+        let per_block = w.bytes_per_block().unwrap();
+        (w.determine_available_memory().unwrap(), per_block)
+    };
+    // SmolLM2-135M: 30 layers, 3 KV heads of 64, K and V in f32.
+    let (small, per_block) = available(16, Some(260), None);
+    assert_eq!(per_block, 16 * 30 * 2 * 3 * 64 * 4);
+    // 16 sequences of 260 tokens: 17 blocks each.
+    assert_eq!(small, 16 * 17 * per_block);
+    // The model's own context (8192) at the default 256 sequences would
+    // take gigabytes: the default budget caps it.
+    let (default, _) = available(256, None, None);
+    assert_eq!(default as u64, crate::config::DEFAULT_CPU_KV_CACHE_BYTES);
+    // An explicit budget is taken as it is, even past what can be used.
+    let (explicit, _) = available(1, Some(16), Some(1 << 30));
+    assert_eq!(explicit, 1 << 30);
+}
