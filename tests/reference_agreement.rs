@@ -521,3 +521,44 @@ fn worker_lifecycle_serves_the_model() {
     );
     assert_eq!(argmax(logits.row(0)), e.tokens[0]);
 }
+
+/// The MLP runs a long step in chunks of rows (256): a step that crosses a
+/// chunk boundary, inside one sequence or between two, must give every
+/// sequence the bits it gets from steps that cross none (the integer path
+/// is batch-invariant, so nothing but a chunking mistake can differ).
+#[test]
+fn a_step_longer_than_the_mlp_chunk_keeps_every_bit() {
+    let mut r = runner(MatmulPath::Integer);
+    let long: Vec<u32> = PROMPTS.concat().into_iter().cycle().take(300).collect();
+    let mut one = Seq::in_slots(&long, &[0, 1, 2]);
+    let whole = step(&mut r, &mut [&mut one], &[300]).remove(0);
+    let mut two = Seq::in_slots(&long, &[3, 4, 5]);
+    step(&mut r, &mut [&mut two], &[150]);
+    let halves = step(&mut r, &mut [&mut two], &[150]).remove(0);
+    assert!(
+        whole
+            .iter()
+            .zip(&halves)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "300 tokens in one step differ from 150 + 150 by {}",
+        max_abs_diff(&whole, &halves)
+    );
+
+    // Two sequences of 200: the boundary falls inside the second.
+    let (a, b) = (&long[..200], &long[100..]);
+    let mut pair = [Seq::in_slots(a, &[6, 7]), Seq::in_slots(b, &[8, 9])];
+    let [pa, pb] = &mut pair;
+    let together = step(&mut r, &mut [pa, pb], &[200, 200]);
+    for (i, tokens) in [a, b].into_iter().enumerate() {
+        let mut s = Seq::in_slots(tokens, &[10, 11]);
+        let alone = step(&mut r, &mut [&mut s], &[200]).remove(0);
+        assert!(
+            alone
+                .iter()
+                .zip(&together[i])
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "sequence {i} beside another differs from alone by {}",
+            max_abs_diff(&alone, &together[i])
+        );
+    }
+}

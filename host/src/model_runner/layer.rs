@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::attention::{paged_attention, AttnArgs, AttnDims};
 use super::kv_cache::KvCache;
 use super::profile::{Laps, Op, StepProfile};
-use super::scratch::Scratch;
+use super::scratch::{Scratch, MLP_CHUNK_TOKENS};
 use super::RunnerError;
 use crate::distributed::TpGroup;
 use crate::kernels::{
@@ -183,21 +183,31 @@ impl Layer {
             rms_norm(hr, &self.ffn_norm, ctx.eps, xr);
         }
         laps.lap(Op::FfnNorm);
+        // The MLP in chunks of rows: its [T, 2·intermediate] activations are
+        // the step's widest, and every row is independent (the kernels give
+        // a row the same bits whatever its batch), so the buffer holds one
+        // chunk instead of a whole long prefill.
         let ff = ctx.intermediate;
-        let gu = &mut s.gate_up[..n * 2 * ff];
-        matmul_with(ctx.pool, &self.w_gate_up, x, n, gu, ctx.path);
-        laps.lap(Op::GateUpProj);
-        // SwiGLU, compacting rows in place: token t's activations move from
-        // [2t·ff, 2t·ff + ff) to [t·ff, (t+1)·ff), which never overlaps a row
-        // not yet processed.
-        for t in 0..n {
-            let (gate, up) = gu[2 * t * ff..2 * (t + 1) * ff].split_at_mut(ff);
-            silu_mul(gate, up);
-            gu.copy_within(2 * t * ff..2 * t * ff + ff, t * ff);
+        for first in (0..n).step_by(MLP_CHUNK_TOKENS) {
+            let rows = first..n.min(first + MLP_CHUNK_TOKENS);
+            let m = rows.len();
+            let gu = &mut s.gate_up[..m * 2 * ff];
+            let xs = &x[rows.start * hid..rows.end * hid];
+            matmul_with(ctx.pool, &self.w_gate_up, xs, m, gu, ctx.path);
+            laps.lap(Op::GateUpProj);
+            // SwiGLU, compacting rows in place: row t's activations move
+            // from [2t·ff, 2t·ff + ff) to [t·ff, (t+1)·ff), which never
+            // overlaps a row not yet processed.
+            for t in 0..m {
+                let (gate, up) = gu[2 * t * ff..2 * (t + 1) * ff].split_at_mut(ff);
+                silu_mul(gate, up);
+                gu.copy_within(2 * t * ff..2 * t * ff + ff, t * ff);
+            }
+            laps.lap(Op::SiluMul);
+            let out = &mut proj[rows.start * hid..rows.end * hid];
+            matmul_with(ctx.pool, &self.w_down, &gu[..m * ff], m, out, ctx.path);
+            laps.lap(Op::DownProj);
         }
-        laps.lap(Op::SiluMul);
-        matmul_with(ctx.pool, &self.w_down, &gu[..n * ff], n, proj, ctx.path);
-        laps.lap(Op::DownProj);
         reduce(ctx, proj)?;
         laps.lap(Op::AllReduce);
         add_into(h, proj);

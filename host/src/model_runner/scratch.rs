@@ -7,6 +7,12 @@ use super::RunnerError;
 use crate::model::LlamaConfig;
 
 /// Every intermediate of a forward pass, row-major `[tokens, width]`.
+/// Rows the MLP runs at once: its gate/up activations, the widest of a
+/// step, are held for this many tokens, not the whole step. 256 rows keep
+/// the matmuls' per-call cost (a fork-join, one pass over the weights, which
+/// stay in cache) small against their work.
+pub(crate) const MLP_CHUNK_TOKENS: usize = 256;
+
 pub(crate) struct Scratch {
     /// The residual stream, `[T, hidden]`.
     pub h: Vec<f32>,
@@ -18,8 +24,9 @@ pub(crate) struct Scratch {
     pub attn: Vec<f32>,
     /// Output of `wo` or of `w_down`, `[T, hidden]`.
     pub proj: Vec<f32>,
-    /// Fused gate and up projections, `[T, 2 * intermediate]`; after SwiGLU
-    /// the first `T * intermediate` floats hold the activations.
+    /// Fused gate and up projections of one MLP chunk,
+    /// `[MLP_CHUNK_TOKENS, 2 * intermediate]`; after SwiGLU the first
+    /// `rows * intermediate` floats hold the activations.
     pub gate_up: Vec<f32>,
     /// Attention scores, one `max_model_len` row per thread.
     pub scores: Vec<f32>,
@@ -39,8 +46,8 @@ impl Scratch {
         n_threads: usize,
     ) -> Result<Scratch, RunnerError> {
         let qkv_width = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim;
-        let buf = |width: usize| -> Result<Vec<f32>, RunnerError> {
-            let n = max_tokens.checked_mul(width).ok_or_else(|| {
+        let buf_rows = |rows: usize, width: usize| -> Result<Vec<f32>, RunnerError> {
+            let n = rows.checked_mul(width).ok_or_else(|| {
                 RunnerError::Config(format!(
                     "max_num_batched_tokens = {max_tokens} makes a buffer overflow usize"
                 ))
@@ -54,13 +61,14 @@ impl Scratch {
             v.resize(n, 0.0);
             Ok(v)
         };
+        let buf = |width: usize| buf_rows(max_tokens, width);
         Ok(Scratch {
             h: buf(c.hidden_size)?,
             x: buf(c.hidden_size)?,
             qkv: buf(qkv_width)?,
             attn: buf(c.num_attention_heads * c.head_dim)?,
             proj: buf(c.hidden_size)?,
-            gate_up: buf(2 * c.intermediate_size)?,
+            gate_up: buf_rows(max_tokens.min(MLP_CHUNK_TOKENS), 2 * c.intermediate_size)?,
             scores: vec![0.0; n_threads * max_model_len],
             spans: Vec::new(),
             items: Vec::new(),
