@@ -12,7 +12,8 @@
 #                                                #   then no running request, no KV block left
 #
 # Not part of CI: it takes minutes and the machines are noisy. HOST_BIN picks
-# a host binary (default: a release build made here).
+# a host binary (default: a release build made here, with the shipped
+# structured-output plugin installed beside it as the quickstart does).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,7 +25,7 @@ host_port=18631; llama_port=18632
 bash scripts/fetch-model.sh >/dev/null
 bash scripts/build-llamacpp.sh >/dev/null
 if [[ -z "${HOST_BIN:-}" ]]; then
-  cargo build --release -p host --bin host 2>/dev/null
+  bash scripts/build-release.sh >/dev/null 2>&1
   HOST_BIN=target/release/host
 fi
 work=$(mktemp -d)
@@ -65,14 +66,19 @@ run() {
   kill -TERM "$pid"; wait "$pid" 2>/dev/null || true; pid=""
 }
 
+# Both servers get the same shape: C sequences at once of up to P + M + 32
+# tokens each (llama-server's slots split its context; host sizes its KV
+# cache to max_num_seqs x max_model_len).
+ctx=$((p + m + 32))
 echo "llama-server --parallel $c ($threads threads) ..." >&2
-.cache/llama.cpp/bin/llama-server -m "$model" -t "$threads" --parallel "$c" -c $((c * (p + m + 32))) \
+.cache/llama.cpp/bin/llama-server -m "$model" -t "$threads" --parallel "$c" -c $((c * ctx)) \
   --host 127.0.0.1 --port "$llama_port" >"$work/llama.log" 2>&1 &
 pid=$!
 run llama-server "$llama_port"
 
 echo "host serve ($threads threads) ..." >&2
-"$HOST_BIN" --model "$model" --num-threads "$threads" serve --port "$host_port" >"$work/host.log" 2>&1 &
+"$HOST_BIN" --model "$model" --num-threads "$threads" --max-num-seqs "$c" --max-model-len "$ctx" \
+  serve --port "$host_port" >"$work/host.log" 2>&1 &
 pid=$!
 run host "$host_port"
 

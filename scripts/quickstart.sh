@@ -6,13 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/fetch-model.sh
-cargo build --release -p host --bin host
-# The shipped structured-output plugin (JSON schemas, regexes, tool calls),
-# built for WebAssembly and installed where `host` looks for it.
-rustup target add wasm32-wasip2
-(cd plugins && cargo build --release --target wasm32-wasip2 -p structured-output)
-mkdir -p target/release/plugins
-cp plugins/target/wasm32-wasip2/release/structured_output.wasm target/release/plugins/
+bash scripts/build-release.sh
 log=$(mktemp)
 target/release/host serve --port "${PORT:-0}" >"$log" 2>&1 &
 server=$!
