@@ -490,7 +490,7 @@ fn the_request_checker_asks_the_claiming_processors() {
     let tokenizer = host::engine::startup::load_tokenizer(&c).unwrap();
     let vocabulary = Vocabulary::from_tokens(tokenizer.tokens(), tokenizer.eos_token_id());
     c.plugins.logits_processors = vec!["test:allow-mask".into(), "test:claims".into()];
-    let checker = RequestChecker::new(&host, &c.plugins.logits_processors, &vocabulary)
+    let checker = RequestChecker::new(&host, &c.plugins.logits_processors, "", &vocabulary)
         .unwrap()
         .expect("test:claims checks requests");
     // The server shares it between its threads.
@@ -522,6 +522,60 @@ fn the_request_checker_asks_the_claiming_processors() {
         "the recreated instance answers"
     );
     // Only a 0.3 processor: nothing to check.
-    let old = RequestChecker::new(&host, &["test:allow-mask".into()], &vocabulary).unwrap();
+    let old = RequestChecker::new(&host, &["test:allow-mask".into()], "", &vocabulary).unwrap();
     assert!(old.is_none());
+}
+
+/// The structured-output backend claims only requests carrying
+/// `structured_outputs`, so it is given the vocabulary (llguidance's token
+/// trie, its largest state) only when the first of them comes: an instance
+/// told at once holds that memory from the start, one marked with
+/// `claim_only_with` holds it only after such a request, and answers it the
+/// same.
+#[test]
+fn the_structured_output_backend_learns_the_vocabulary_when_first_asked() {
+    use host::plugins::{host_from_config, Vocabulary, STRUCTURED_OUTPUTS_KEY};
+    use serde_json::json;
+    const BACKEND: &str = "engine:structured-output";
+    let mut c = engine_config(&["structured_output"]);
+    c.plugins.logits_processors = vec![BACKEND.into()];
+    let host = host_from_config(&c.plugins).unwrap();
+    let tokenizer = host::engine::startup::load_tokenizer(&c).unwrap();
+    let vocabulary = Vocabulary::from_tokens(tokenizer.tokens(), tokenizer.eos_token_id());
+    let processors = || {
+        host.logits_processors(&c.plugins.logits_processors)
+            .unwrap()
+            .unwrap()
+    };
+    let memory = |p: &host::plugins::LogitsProcessors| p.memory_used()[0].1;
+
+    let mut eager = processors();
+    eager.set_vocabulary(&vocabulary).unwrap();
+    let mut lazy = processors();
+    lazy.claim_only_with(BACKEND, STRUCTURED_OUTPUTS_KEY);
+    lazy.set_vocabulary(&vocabulary).unwrap();
+    let idle = memory(&lazy);
+    assert!(
+        memory(&eager) >= idle + (4 << 20),
+        "told the vocabulary, the instance holds {} bytes; untold, {idle}",
+        memory(&eager)
+    );
+    // Requests that do not ask for structured output are not its business.
+    lazy.check(None).unwrap();
+    lazy.check(Some(&json!({"temperature": 0}))).unwrap();
+    lazy.check(Some(&json!({STRUCTURED_OUTPUTS_KEY: null})))
+        .unwrap();
+    assert_eq!(memory(&lazy), idle);
+
+    let schema = json!({STRUCTURED_OUTPUTS_KEY: {"json": {"type": "object"}}});
+    let bad = json!({STRUCTURED_OUTPUTS_KEY: {"regex": "(unclosed"}});
+    for p in [&mut eager, &mut lazy] {
+        assert_eq!(p.check(Some(&schema)), Ok(()));
+        let err = p.check(Some(&bad)).unwrap_err();
+        assert!(err.starts_with(BACKEND), "{err}");
+    }
+    assert!(
+        memory(&lazy) >= idle + (4 << 20),
+        "told at the first request"
+    );
 }

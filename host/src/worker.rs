@@ -386,8 +386,14 @@ impl Worker {
 
     /// Loads the logits processors and the sampler `plugins` (the engine's
     /// `[plugins]` section as JSON) names, applied to every sampled row from
-    /// the next step on (the `load_logits_processors` worker method).
-    pub fn load_logits_processors(&mut self, plugins: &str) -> Result<(), WorkerError> {
+    /// the next step on (the `load_logits_processors` worker method); the
+    /// one named `structured_outputs_backend` is asked only about requests
+    /// that ask for structured output.
+    pub fn load_logits_processors(
+        &mut self,
+        plugins: &str,
+        structured_outputs_backend: &str,
+    ) -> Result<(), WorkerError> {
         let config: crate::config::PluginsConfig = serde_json::from_str(plugins).map_err(|e| {
             WorkerError::Config(format!(
                 "load_logits_processors: invalid [plugins] JSON: {e}"
@@ -395,6 +401,8 @@ impl Worker {
         })?;
         let host = crate::plugins::host_from_config(&config)?;
         if let Some(mut processors) = host.logits_processors(&config.logits_processors)? {
+            let key = crate::plugins::STRUCTURED_OUTPUTS_KEY;
+            processors.claim_only_with(structured_outputs_backend, key);
             if let Some(vocabulary) = &self.vocabulary {
                 processors.set_vocabulary(vocabulary)?;
             }

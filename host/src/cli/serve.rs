@@ -110,6 +110,7 @@ fn request_checker(
     let host = host_from_config(&config.plugins)
         .context("loading the logits processors for the request check")?;
     let vocabulary = Vocabulary::from_tokens(tokenizer.tokens(), tokenizer.eos_token_id());
-    RequestChecker::new(&host, names, &vocabulary)
+    let backend = &config.structured_outputs.backend;
+    RequestChecker::new(&host, names, backend, &vocabulary)
         .context("starting the logits processors for the request check")
 }

@@ -21,12 +21,14 @@ pub struct RequestChecker {
 
 impl RequestChecker {
     /// Instantiates the logits processors `names` (`plugins.logits_processors`)
-    /// from `host` and gives them `vocabulary`; `None` when none of them
-    /// checks requests (none is built against WIT 0.4 or later), so nothing
-    /// is ever refused.
+    /// from `host` and gives them `vocabulary` (the structured-output
+    /// `backend` only once a request asks for structured output); `None`
+    /// when none of them checks requests (none is built against WIT 0.4 or
+    /// later), so nothing is ever refused.
     pub fn new(
         host: &PluginHost,
         names: &[String],
+        backend: &str,
         vocabulary: &Vocabulary,
     ) -> Result<Option<RequestChecker>, PluginError> {
         let Some(mut processors) = host.logits_processors(names)? else {
@@ -35,6 +37,7 @@ impl RequestChecker {
         if !processors.checks_requests() {
             return Ok(None);
         }
+        processors.claim_only_with(backend, super::STRUCTURED_OUTPUTS_KEY);
         processors.set_vocabulary(vocabulary)?;
         Ok(Some(RequestChecker {
             processors: Mutex::new(processors),

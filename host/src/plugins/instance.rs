@@ -118,6 +118,13 @@ impl<W: World> Sandboxed<W> {
         &self.pre
     }
 
+    /// Bytes of linear memory the live instance holds (0 while down).
+    pub fn memory_used(&self) -> usize {
+        self.live
+            .as_ref()
+            .map_or(0, |(store, _)| store.data().memory_used())
+    }
+
     /// Faults (traps, overruns, invalid output) since start.
     pub fn faults(&self) -> u64 {
         self.faults

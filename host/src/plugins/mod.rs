@@ -54,6 +54,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use checker::RequestChecker;
+
+/// The `extra_args` key a structured-output constraint travels under (the
+/// API server puts it there; the backend named by
+/// `structured_outputs.backend` claims only requests that carry it).
+pub const STRUCTURED_OUTPUTS_KEY: &str = "structured_outputs";
 pub use error::PluginError;
 pub use processor::{LogitsProcessors, Row};
 pub use registry::{OptionInfo, PluginHost, PluginInfo, SUPPORTED_WIT};

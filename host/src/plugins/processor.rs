@@ -68,6 +68,11 @@ struct Processor {
     /// The fault count when the vocabulary was last given (the instance
     /// that got it); a different count means a recreated instance.
     vocabulary_told: Option<u64>,
+    /// The `extra_args` key without which it claims no request (the
+    /// structured-output backend's), when the host knows one: it is not
+    /// asked about other requests, and learns the vocabulary only when the
+    /// first request carrying the key comes.
+    only_with: Option<String>,
 }
 
 /// Whether a processor that `claimed` these requests (`None`: every one)
@@ -80,9 +85,22 @@ impl Processor {
     /// Whether it claims a request with these `extra_args` (JSON): `Err`
     /// refuses the request, naming the plugin. An older processor claims
     /// every request without being asked.
-    fn check(&mut self, json: &str, vocab: Option<&wit::Vocabulary>) -> Result<bool, String> {
+    fn check(
+        &mut self,
+        extra_args: Option<&serde_json::Value>,
+        json: &str,
+        vocab: Option<&wit::Vocabulary>,
+    ) -> Result<bool, String> {
         if self.claimed.is_none() {
             return Ok(true);
+        }
+        if let Some(key) = &self.only_with {
+            if extra_args
+                .and_then(|a| a.get(key))
+                .is_none_or(|v| v.is_null())
+            {
+                return Ok(false);
+            }
         }
         // The answer may depend on the vocabulary, which a recreated
         // instance has not been given yet.
@@ -148,6 +166,7 @@ impl LogitsProcessors {
                 batch: empty_batch(),
                 rows: Vec::new(),
                 vocabulary_told: None,
+                only_with: None,
             })
             .collect();
         LogitsProcessors {
@@ -158,10 +177,27 @@ impl LogitsProcessors {
         }
     }
 
+    /// Marks the 0.4 processor `name` as claiming only requests whose
+    /// `extra_args` carry `key` (a non-null value): the structured-output
+    /// backend, whose constraint travels under `structured_outputs`. It is
+    /// not asked about other requests, and is given the vocabulary (for
+    /// llguidance a token trie, its largest state) only when the first
+    /// request carrying `key` comes, so a server that serves none holds none
+    /// of that memory. Call before [`Self::set_vocabulary`]. Other names are
+    /// left alone.
+    pub fn claim_only_with(&mut self, name: &str, key: &str) {
+        for p in &mut self.processors {
+            if p.plugin.name() == name && p.claimed.is_some() {
+                p.only_with = Some(key.to_string());
+            }
+        }
+    }
+
     /// Gives every 0.3 and later processor the model's vocabulary
     /// (`set-vocabulary`); a processor's error refuses the configuration.
     /// Given again to an instance recreated after a fault, before its next
-    /// call.
+    /// call; given first then to a processor that claims only requests
+    /// with a key ([`Self::claim_only_with`]).
     pub fn set_vocabulary(&mut self, vocabulary: &Vocabulary) -> Result<(), PluginError> {
         vocabulary
             .validate()
@@ -169,7 +205,9 @@ impl LogitsProcessors {
         let vocab = Arc::new(vocabulary.to_wit());
         for p in &mut self.processors {
             p.vocabulary_told = None;
-            tell_vocabulary(p, &vocab)?;
+            if p.only_with.is_none() {
+                tell_vocabulary(p, &vocab)?;
+            }
         }
         self.vocabulary = Some(vocab);
         Ok(())
@@ -178,6 +216,15 @@ impl LogitsProcessors {
     /// The plugins' qualified names, in application order.
     pub fn names(&self) -> Vec<&str> {
         self.processors.iter().map(|p| p.plugin.name()).collect()
+    }
+
+    /// Each processor's qualified name and the bytes of linear memory its
+    /// instance holds, in application order.
+    pub fn memory_used(&self) -> Vec<(&str, usize)> {
+        self.processors
+            .iter()
+            .map(|p| (p.plugin.name(), p.plugin.memory_used()))
+            .collect()
     }
 
     /// Whether any processor claims requests (0.4), so that
@@ -193,7 +240,7 @@ impl LogitsProcessors {
         let json = extra_args_json(extra_args);
         let vocab = self.vocabulary.as_deref();
         for p in &mut self.processors {
-            p.check(&json, vocab)?;
+            p.check(extra_args, &json, vocab)?;
         }
         Ok(())
     }
@@ -206,7 +253,7 @@ impl LogitsProcessors {
         let vocab = self.vocabulary.as_deref();
         let mut claims = Vec::with_capacity(self.processors.len());
         for p in &mut self.processors {
-            claims.push(p.check(&json, vocab)?);
+            claims.push(p.check(extra_args, &json, vocab)?);
         }
         for (p, claims) in self.processors.iter_mut().zip(&claims) {
             if let (Some(claimed), true) = (p.claimed.as_mut(), *claims) {

@@ -94,6 +94,11 @@ pub struct StoreState {
 }
 
 impl StoreState {
+    /// Bytes of linear memory the instance holds, all memories together.
+    pub fn memory_used(&self) -> usize {
+        self.limits.memory_used()
+    }
+
     /// The guest's stdout and stderr, and the plugin's log.
     pub fn output(&self) -> &GuestOutput {
         &self.output

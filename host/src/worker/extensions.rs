@@ -21,7 +21,7 @@ impl WorkerMethods {
     /// worker process) does this for itself, from the configuration it was
     /// started with.
     pub fn register_extensions(&mut self, config: &EngineConfig) -> anyhow::Result<()> {
-        self.register_plugin_loading(&config.plugins)?;
+        self.register_plugin_loading(&config.plugins, &config.structured_outputs.backend)?;
         let names = &config.worker.extension;
         if names.is_empty() {
             return Ok(());

@@ -153,11 +153,14 @@ impl WorkerMethods {
     /// exactly those; an argument must equal `operator`, so a
     /// `collective_rpc` caller cannot add plugin files, directory grants,
     /// limits or a cache folder the operator did not configure.
+    /// `backend` is `structured_outputs.backend`, which claims only
+    /// requests asking for structured output.
     pub fn register_plugin_loading(
         &mut self,
         operator: &PluginsConfig,
+        backend: &str,
     ) -> Result<(), DuplicateMethod> {
-        let operator = operator.clone();
+        let (operator, backend) = (operator.clone(), backend.to_string());
         self.register("load_logits_processors", move |w, a| {
             if let RpcValue::Json(asked) = &a {
                 refuse_other_plugins(asked, &operator)?;
@@ -168,7 +171,9 @@ impl WorkerMethods {
                 );
             }
             let plugins = serde_json::to_string(&operator)?;
-            Ok(w.load_logits_processors(&plugins).map(|()| RpcValue::Unit)?)
+            Ok(w
+                .load_logits_processors(&plugins, &backend)
+                .map(|()| RpcValue::Unit)?)
         })?;
         // The model's vocabulary for 0.3 logits processors, sent by the
         // engine (which holds the tokenizer) before `load_logits_processors`;
@@ -326,7 +331,7 @@ mod tests {
             ..PluginsConfig::default()
         };
         let mut m = WorkerMethods::builtin();
-        m.register_plugin_loading(&operator).unwrap();
+        m.register_plugin_loading(&operator, "").unwrap();
         let call = |m: &WorkerMethods, args: serde_json::Value| {
             m.call(
                 &mut worker(),
