@@ -157,7 +157,8 @@ impl Layer {
         laps.lap(Op::Rope);
         self.store_kv(layer, ctx, s, cache, n);
         laps.lap(Op::StoreKv);
-        let attn = &mut s.attn[..n * qw];
+        // The normalised input is dead: the attention output takes its place.
+        let attn = &mut s.x[..n * qw];
         let args = AttnArgs {
             cache,
             layer,
@@ -169,7 +170,9 @@ impl Layer {
         };
         paged_attention(ctx.pool, d, &args, attn, &mut s.scores);
         laps.lap(Op::Attention);
-        let proj = &mut s.proj[..n * hid];
+        // Q, K and V are dead: the projections back to `hidden` take their
+        // place.
+        let proj = &mut s.qkv[..n * hid];
         matmul_with(ctx.pool, &self.wo, attn, n, proj, ctx.path);
         laps.lap(Op::OutProj);
         reduce(ctx, proj)?;

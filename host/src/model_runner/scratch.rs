@@ -16,14 +16,15 @@ pub(crate) const MLP_CHUNK_TOKENS: usize = 256;
 pub(crate) struct Scratch {
     /// The residual stream, `[T, hidden]`.
     pub h: Vec<f32>,
-    /// Normalised input of a sub-block, `[T, hidden]`.
+    /// Normalised input of a sub-block, `[T, hidden]`; between the QKV
+    /// projection (its last reader) and the next norm, the attention
+    /// output, `[T, heads * head_dim]`. Rows are `max(hidden, heads *
+    /// head_dim)` wide.
     pub x: Vec<f32>,
-    /// Fused Q, K, V projections, `[T, (heads + 2 kv_heads) * head_dim]`.
+    /// Fused Q, K, V projections, `[T, (heads + 2 kv_heads) * head_dim]`;
+    /// once attention has read them, the output of `wo` or of `w_down`,
+    /// `[T, hidden]`. Rows are wide enough for either.
     pub qkv: Vec<f32>,
-    /// Attention output, `[T, heads * head_dim]`.
-    pub attn: Vec<f32>,
-    /// Output of `wo` or of `w_down`, `[T, hidden]`.
-    pub proj: Vec<f32>,
     /// Fused gate and up projections of one MLP chunk,
     /// `[MLP_CHUNK_TOKENS, 2 * intermediate]`; after SwiGLU the first
     /// `rows * intermediate` floats hold the activations.
@@ -62,12 +63,13 @@ impl Scratch {
             Ok(v)
         };
         let buf = |width: usize| buf_rows(max_tokens, width);
+        // Two buffers each serve two values whose lives do not overlap (see
+        // the fields): a step holds three `[T, ~hidden]` buffers, not five.
+        let q_width = c.num_attention_heads * c.head_dim;
         Ok(Scratch {
             h: buf(c.hidden_size)?,
-            x: buf(c.hidden_size)?,
-            qkv: buf(qkv_width)?,
-            attn: buf(c.num_attention_heads * c.head_dim)?,
-            proj: buf(c.hidden_size)?,
+            x: buf(c.hidden_size.max(q_width))?,
+            qkv: buf(qkv_width.max(c.hidden_size))?,
             gate_up: buf_rows(max_tokens.min(MLP_CHUNK_TOKENS), 2 * c.intermediate_size)?,
             scores: vec![0.0; n_threads * max_model_len],
             spans: Vec::new(),
