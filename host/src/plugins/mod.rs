@@ -53,12 +53,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use checker::RequestChecker;
+use crate::config::PluginsConfig;
 
-/// The `extra_args` key a structured-output constraint travels under (the
-/// API server puts it there; the backend named by
-/// `structured_outputs.backend` claims only requests that carry it).
-pub const STRUCTURED_OUTPUTS_KEY: &str = "structured_outputs";
+pub use checker::RequestChecker;
 pub use error::PluginError;
 pub use processor::{LogitsProcessors, Row};
 pub use registry::{OptionInfo, PluginHost, PluginInfo, SUPPORTED_WIT};
@@ -66,7 +63,17 @@ pub use runtime::{Limits, PluginRuntime};
 pub use sampler::SamplerPlugin;
 pub use vocabulary::Vocabulary;
 
-use crate::config::PluginsConfig;
+/// The `extra_args` key a structured-output constraint travels under (the
+/// API server puts it there; the backend named by
+/// `structured_outputs.backend` claims only requests that carry it).
+pub const STRUCTURED_OUTPUTS_KEY: &str = "structured_outputs";
+
+/// Whether `extra_args` carry `key` with a value other than `null`.
+pub fn carries(extra_args: Option<&serde_json::Value>, key: &str) -> bool {
+    extra_args
+        .and_then(|a| a.get(key))
+        .is_some_and(|v| !v.is_null())
+}
 
 /// What a plugin is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

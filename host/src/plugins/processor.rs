@@ -95,10 +95,7 @@ impl Processor {
             return Ok(true);
         }
         if let Some(key) = &self.only_with {
-            if extra_args
-                .and_then(|a| a.get(key))
-                .is_none_or(|v| v.is_null())
-            {
+            if !super::carries(extra_args, key) {
                 return Ok(false);
             }
         }
