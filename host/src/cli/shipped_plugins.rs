@@ -17,7 +17,7 @@ use crate::server::STRUCTURED_OUTPUTS_KEY;
 /// Whether a request's `extra_args` carry a structured-output constraint
 /// (under the key the API server puts it, which the plugin reads).
 pub fn asks_for_structured_output(extra_args: Option<&serde_json::Value>) -> bool {
-    crate::plugins::carries(extra_args, STRUCTURED_OUTPUTS_KEY)
+    crate::sampling::params::extra_args_carry(extra_args, STRUCTURED_OUTPUTS_KEY)
 }
 
 /// Where the shipped plugins are installed: `plugins/` beside the

@@ -63,17 +63,7 @@ pub use runtime::{Limits, PluginRuntime};
 pub use sampler::SamplerPlugin;
 pub use vocabulary::Vocabulary;
 
-/// The `extra_args` key a structured-output constraint travels under (the
-/// API server puts it there; the backend named by
-/// `structured_outputs.backend` claims only requests that carry it).
-pub const STRUCTURED_OUTPUTS_KEY: &str = "structured_outputs";
-
-/// Whether `extra_args` carry `key` with a value other than `null`.
-pub fn carries(extra_args: Option<&serde_json::Value>, key: &str) -> bool {
-    extra_args
-        .and_then(|a| a.get(key))
-        .is_some_and(|v| !v.is_null())
-}
+pub use crate::sampling::STRUCTURED_OUTPUTS_KEY;
 
 /// What a plugin is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

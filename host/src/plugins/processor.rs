@@ -95,7 +95,7 @@ impl Processor {
             return Ok(true);
         }
         if let Some(key) = &self.only_with {
-            if !super::carries(extra_args, key) {
+            if !crate::sampling::params::extra_args_carry(extra_args, key) {
                 return Ok(false);
             }
         }

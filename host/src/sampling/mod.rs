@@ -15,7 +15,7 @@ pub mod token_filters;
 
 pub use params::{
     SamplingParams, SamplingParamsError, GREEDY_TEMPERATURE_EPS, MAX_BAD_WORD_SEQUENCES,
-    MAX_BAD_WORD_TOKENS, MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_TOKEN_ID_LIST,
+    MAX_BAD_WORD_TOKENS, MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_TOKEN_ID_LIST, STRUCTURED_OUTPUTS_KEY,
 };
 pub use sampler::{sample_batch, PreparedRow, RequestSampler, SampledToken};
 pub use stop::{StopChecker, StopUpdate};

@@ -101,6 +101,18 @@ pub struct SamplingParams {
     pub extra_args: Option<serde_json::Value>,
 }
 
+/// The `extra_args` key a structured-output constraint travels under (the
+/// API server puts it there; the backend named by
+/// `structured_outputs.backend` claims only requests that carry it).
+pub const STRUCTURED_OUTPUTS_KEY: &str = "structured_outputs";
+
+/// Whether `extra_args` carry `key` with a value other than `null`.
+pub fn extra_args_carry(extra_args: Option<&serde_json::Value>, key: &str) -> bool {
+    extra_args
+        .and_then(|a| a.get(key))
+        .is_some_and(|v| !v.is_null())
+}
+
 /// Serde for a JSON value in any format: as itself in self-describing ones
 /// (JSON, TOML), as JSON text in compact binary ones (postcard, on the
 /// message queues), which cannot carry a value whose shape is only known

@@ -20,7 +20,7 @@ use super::{AppState, RequestCheck};
 use crate::sampling::SamplingParams;
 
 /// The `extra_args` key the constraint travels under.
-pub const KEY: &str = crate::plugins::STRUCTURED_OUTPUTS_KEY;
+pub const KEY: &str = crate::sampling::STRUCTURED_OUTPUTS_KEY;
 
 /// What a `structured_outputs` object must set exactly one of.
 const KINDS: &str = "json, regex, choice, grammar or json_object";
