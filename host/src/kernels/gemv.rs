@@ -34,7 +34,15 @@ pub(crate) fn gemv_rows(
         CpuKernels::Scalar => gemv_rows_scalar(w, acts, n_tokens, rows, out),
         // SAFETY: the CPU has the family's features (asserted above).
         #[cfg(target_arch = "x86_64")]
-        CpuKernels::Avx2 => unsafe { super::gemv_avx2::gemv_rows(w, acts, n_tokens, rows, out) },
+        CpuKernels::Avx2 => match &w.data {
+            // Many tokens: unpack the rows once, then run every token.
+            Packed::Q4 { qs, d, m } if n_tokens >= super::gemm_q4_avx2::MIN_TOKENS => unsafe {
+                let (n_rows, blocks) = (w.rows(), w.cols() / QK);
+                let parts = (qs.as_slice(), &d[..], &m[..]);
+                super::gemm_q4_avx2::gemm_rows(parts, n_rows, blocks, acts, n_tokens, rows, out)
+            },
+            _ => unsafe { super::gemv_avx2::gemv_rows(w, acts, n_tokens, rows, out) },
+        },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         CpuKernels::AvxVnni => unsafe {

@@ -238,7 +238,8 @@ mod tests {
     /// path): random weights of every quantized type, the model's shapes
     /// (fused qkv and gate/up, o, down, a slice of the LM head's rows) and
     /// odd ones (1 and 5 blocks, a 9-block row with a 1-block tail, 65
-    /// blocks), for 1 to 9 tokens and prefill-size batches.
+    /// blocks), for 1 to 11 tokens (every tail of the 4-token tiles past
+    /// the panel kernel's 8-token threshold) and prefill-size batches.
     #[test]
     fn every_kernel_family_matches_scalar_bit_for_bit() {
         let mut rng = Rng::new(6);
@@ -257,7 +258,7 @@ mod tests {
             for (rows, cols) in shapes {
                 let w = random_matrix(&mut rng, dtype, rows, cols);
                 let big = if rows * cols <= 576 * 576 { 512 } else { 64 };
-                for n in (1..=9).chain([big]) {
+                for n in (1..=11).chain([big]) {
                     let mut x = rng.normals(n * cols);
                     // A zero block (d = 0) and a large one (full-range quants).
                     x[..32].fill(0.0);

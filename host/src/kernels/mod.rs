@@ -22,6 +22,8 @@
 mod aligned;
 mod cpu;
 mod gemm;
+#[cfg(target_arch = "x86_64")]
+mod gemm_q4_avx2;
 mod gemv;
 #[cfg(target_arch = "x86_64")]
 mod gemv_avx2;
