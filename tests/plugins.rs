@@ -534,7 +534,8 @@ fn the_request_checker_asks_the_claiming_processors() {
 /// same.
 #[test]
 fn the_structured_output_backend_learns_the_vocabulary_when_first_asked() {
-    use host::plugins::{host_from_config, Vocabulary, STRUCTURED_OUTPUTS_KEY};
+    use host::plugins::{host_from_config, Vocabulary};
+    use host::sampling::STRUCTURED_OUTPUTS_KEY;
     use serde_json::json;
     const BACKEND: &str = "engine:structured-output";
     let mut c = engine_config(&["structured_output"]);

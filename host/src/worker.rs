@@ -401,7 +401,7 @@ impl Worker {
         })?;
         let host = crate::plugins::host_from_config(&config)?;
         if let Some(mut processors) = host.logits_processors(&config.logits_processors)? {
-            let key = crate::plugins::STRUCTURED_OUTPUTS_KEY;
+            let key = crate::sampling::STRUCTURED_OUTPUTS_KEY;
             processors.claim_only_with(structured_outputs_backend, key);
             if let Some(vocabulary) = &self.vocabulary {
                 processors.set_vocabulary(vocabulary)?;

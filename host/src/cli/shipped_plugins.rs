@@ -12,7 +12,7 @@ use std::path::PathBuf;
 
 use crate::config::{EngineConfig, DEFAULT_STRUCTURED_OUTPUTS_BACKEND};
 use crate::plugins::{host_from_config, PluginKind};
-use crate::server::STRUCTURED_OUTPUTS_KEY;
+use crate::sampling::STRUCTURED_OUTPUTS_KEY;
 
 /// Whether a request's `extra_args` carry a structured-output constraint
 /// (under the key the API server puts it, which the plugin reads).

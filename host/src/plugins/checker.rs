@@ -37,7 +37,7 @@ impl RequestChecker {
         if !processors.checks_requests() {
             return Ok(None);
         }
-        processors.claim_only_with(backend, super::STRUCTURED_OUTPUTS_KEY);
+        processors.claim_only_with(backend, crate::sampling::STRUCTURED_OUTPUTS_KEY);
         processors.set_vocabulary(vocabulary)?;
         Ok(Some(RequestChecker {
             processors: Mutex::new(processors),

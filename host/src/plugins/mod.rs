@@ -63,8 +63,6 @@ pub use runtime::{Limits, PluginRuntime};
 pub use sampler::SamplerPlugin;
 pub use vocabulary::Vocabulary;
 
-pub use crate::sampling::STRUCTURED_OUTPUTS_KEY;
-
 /// What a plugin is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PluginKind {

@@ -53,7 +53,6 @@ use axum::extract::rejection::BytesRejection;
 
 pub use error::ApiError;
 pub use metrics::Metrics;
-pub use structured::KEY as STRUCTURED_OUTPUTS_KEY;
 
 use crate::config::{EngineConfig, ServerConfig};
 use crate::engine::EngineCoreClient;

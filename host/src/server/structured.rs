@@ -17,10 +17,7 @@ use super::error::ApiError;
 use super::fields::IGNORED_NAME_CHARS;
 use super::protocol::SamplingRequest;
 use super::{AppState, RequestCheck};
-use crate::sampling::SamplingParams;
-
-/// The `extra_args` key the constraint travels under.
-pub const KEY: &str = crate::sampling::STRUCTURED_OUTPUTS_KEY;
+use crate::sampling::{SamplingParams, STRUCTURED_OUTPUTS_KEY as KEY};
 
 /// What a `structured_outputs` object must set exactly one of.
 const KINDS: &str = "json, regex, choice, grammar or json_object";
