@@ -25,7 +25,7 @@ use std::ops::Range;
 
 use super::aligned::AlignedBytes;
 use super::quant::Q8Acts;
-use super::weights::{f16_to_f32, QK};
+use super::weights::QK;
 use super::OutPtr;
 
 /// Rows of one panel: one i32 lane each in a 256-bit vector.
@@ -59,33 +59,80 @@ thread_local! {
 impl Panel {
     /// Unpacks rows `rows` (at most [`ROWS`]) of a matrix with `blocks`
     /// blocks per row; rows past its end are zeros.
-    fn fill(&mut self, qs: &[u8], d: &[u16], m: &[u16], blocks: usize, rows: Range<usize>) {
+    ///
+    /// Per block, each row's 16 bytes widen to 32 (low nibbles, then high:
+    /// values 0..32 in column order), whose eight 4-byte words are the
+    /// steps; an 8 x 8 transpose of those words gives the panel's eight
+    /// vectors of the block.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and F16C.
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn fill(&mut self, qs: &[u8], d: &[u16], m: &[u16], blocks: usize, rows: Range<usize>) {
         self.qs.resize(blocks * QK * ROWS);
-        self.d.clear();
         self.d.resize(blocks * ROWS, 0.0);
-        self.m.clear();
         self.m.resize(blocks * ROWS, 0.0);
-        let panel = self.qs.as_mut_slice();
-        if rows.len() < ROWS {
-            panel.fill(0);
-        }
-        for (i, r) in rows.enumerate() {
-            for b in 0..blocks {
+        let panel = self.qs.as_mut_slice().as_mut_ptr();
+        let low4 = _mm_set1_epi8(0x0F);
+        for b in 0..blocks {
+            let mut words = [_mm256_setzero_si256(); ROWS];
+            // The rows' f16 scales and minimums (zeros past the matrix).
+            let (mut dh, mut mh) = ([0u16; ROWS], [0u16; ROWS]);
+            for (i, r) in rows.clone().enumerate() {
                 let q = &qs[(r * blocks + b) * QK / 2..][..QK / 2];
-                for c in 0..QK {
-                    let v = if c < QK / 2 {
-                        q[c] & 0x0F
-                    } else {
-                        q[c - QK / 2] >> 4
-                    };
-                    let s = c / 4;
-                    panel[((b * STEPS + s) * ROWS + i) * 4 + c % 4] = v;
-                }
-                self.d[b * ROWS + i] = f16_to_f32(d[r * blocks + b]);
-                self.m[b * ROWS + i] = f16_to_f32(m[r * blocks + b]);
+                let raw = _mm_loadu_si128(q.as_ptr().cast());
+                let lo = _mm_and_si128(raw, low4);
+                let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
+                words[i] = _mm256_set_m128i(hi, lo);
+                (dh[i], mh[i]) = (d[r * blocks + b], m[r * blocks + b]);
+            }
+            let (dst_d, dst_m) = (self.d.as_mut_ptr(), self.m.as_mut_ptr());
+            // SAFETY: `d` and `m` hold `ROWS` values per block.
+            _mm256_storeu_ps(
+                dst_d.add(b * ROWS),
+                _mm256_cvtph_ps(_mm_loadu_si128(dh.as_ptr().cast())),
+            );
+            _mm256_storeu_ps(
+                dst_m.add(b * ROWS),
+                _mm256_cvtph_ps(_mm_loadu_si128(mh.as_ptr().cast())),
+            );
+            for (s, v) in transpose8(words).into_iter().enumerate() {
+                // SAFETY: `qs` holds `blocks * STEPS` aligned 32-byte vectors.
+                _mm256_store_si256(panel.add((b * STEPS + s) * ROWS * 4).cast(), v);
             }
         }
     }
+}
+
+/// The 8 x 8 transpose of 32-bit words: word `i` of result `s` is word `s`
+/// of `a[i]`.
+#[inline(always)]
+unsafe fn transpose8(a: [__m256i; 8]) -> [__m256i; 8] {
+    // Pairs of rows interleaved: words 0, 1 | 4, 5 (even entries) and
+    // 2, 3 | 6, 7 (odd entries). Loops, not closures: a closure would be
+    // compiled without the caller's target features.
+    let mut t = [_mm256_setzero_si256(); 8];
+    for p in 0..4 {
+        t[2 * p] = _mm256_unpacklo_epi32(a[2 * p], a[2 * p + 1]);
+        t[2 * p + 1] = _mm256_unpackhi_epi32(a[2 * p], a[2 * p + 1]);
+    }
+    // Four rows' word k in the low half, word k + 4 in the high half.
+    let u = [
+        _mm256_unpacklo_epi64(t[0], t[2]),
+        _mm256_unpackhi_epi64(t[0], t[2]),
+        _mm256_unpacklo_epi64(t[1], t[3]),
+        _mm256_unpackhi_epi64(t[1], t[3]),
+        _mm256_unpacklo_epi64(t[4], t[6]),
+        _mm256_unpackhi_epi64(t[4], t[6]),
+        _mm256_unpacklo_epi64(t[5], t[7]),
+        _mm256_unpackhi_epi64(t[5], t[7]),
+    ];
+    let mut out = [_mm256_setzero_si256(); 8];
+    for k in 0..4 {
+        out[k] = _mm256_permute2x128_si256::<0x20>(u[k], u[k + 4]);
+        out[k + 4] = _mm256_permute2x128_si256::<0x31>(u[k], u[k + 4]);
+    }
+    out
 }
 
 /// Computes `out[t * n_rows + r]` for `r` in `rows` and every token of
@@ -93,9 +140,10 @@ impl Panel {
 /// `blocks` blocks per row.
 ///
 /// # Safety
-/// The CPU must support AVX2 (the caller's check); `out` must be valid for
-/// `n_tokens * n_rows` values, and no other thread may write these rows.
-#[target_feature(enable = "avx2")]
+/// The CPU must support AVX2 and F16C (the caller's check); `out` must be
+/// valid for `n_tokens * n_rows` values, and no other thread may write
+/// these rows.
+#[target_feature(enable = "avx2,f16c")]
 pub(crate) unsafe fn gemm_rows(
     (qs, d, m): (&[u8], &[u16], &[u16]),
     n_rows: usize,
@@ -110,7 +158,8 @@ pub(crate) unsafe fn gemm_rows(
         let mut r0 = rows.start;
         while r0 < rows.end {
             let group = r0..(r0 + ROWS).min(rows.end);
-            panel.fill(qs, d, m, blocks, group.clone());
+            // SAFETY: the caller checked AVX2 and F16C.
+            unsafe { panel.fill(qs, d, m, blocks, group.clone()) };
             let at = Place {
                 n_rows,
                 row: group.start,
@@ -165,7 +214,11 @@ unsafe fn tile<const NT: usize>(
         let (d, s) = acts.row_scales(t0 + t);
         (dx[t], sx[t]) = (d.as_ptr(), s.as_ptr());
     }
-    let (w, dw, mw) = (panel.qs.as_slice().as_ptr(), panel.d.as_ptr(), panel.m.as_ptr());
+    let (w, dw, mw) = (
+        panel.qs.as_slice().as_ptr(),
+        panel.d.as_ptr(),
+        panel.m.as_ptr(),
+    );
     let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_ps(); NT];
     for b in 0..blocks {
@@ -178,7 +231,10 @@ unsafe fn tile<const NT: usize>(
                 pairs[t] = _mm256_add_epi16(pairs[t], _mm256_maddubs_epi16(wv, xv));
             }
         }
-        let (dwv, mwv) = (_mm256_loadu_ps(dw.add(b * ROWS)), _mm256_loadu_ps(mw.add(b * ROWS)));
+        let (dwv, mwv) = (
+            _mm256_loadu_ps(dw.add(b * ROWS)),
+            _mm256_loadu_ps(mw.add(b * ROWS)),
+        );
         for t in 0..NT {
             let isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs[t], ones));
             let scale = _mm256_mul_ps(dwv, _mm256_set1_ps(*dx[t].add(b)));
