@@ -59,6 +59,16 @@ impl CpuKernels {
         }
     }
 
+    /// True when the family wants 4-bit matrices with eight rows
+    /// interleaved (`Packed::Q4x8`) rather than row after row. AVX2 does:
+    /// its interleaved kernel needs no horizontal sums and reads one stream
+    /// per eight rows. The VNNI families keep their row-major kernels,
+    /// measured on their machines; they can run the interleaved kernel too
+    /// (it needs only AVX2), but it has not been measured there.
+    pub fn interleaves_q4(self) -> bool {
+        self == CpuKernels::Avx2
+    }
+
     /// The families this CPU supports, slowest first.
     pub fn available() -> Vec<CpuKernels> {
         CpuKernels::ALL

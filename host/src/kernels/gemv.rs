@@ -10,14 +10,15 @@ use std::ops::Range;
 
 use super::cpu::CpuKernels;
 use super::quant::Q8Acts;
-use super::weights::{f16_to_f32, Packed, WeightMatrix, QK};
+use super::weights::{f16_to_f32, q4x8_block, Packed, WeightMatrix, QK};
 use super::OutPtr;
 
 /// Computes `out[t * rows + r]` for `r` in `rows` and every token of `acts`
 /// with the given kernel family (every family gives bit-identical results).
 ///
-/// Only for quantized weights (`Packed::Q8` / `Packed::Q4`). Panics if the
-/// CPU cannot run `kernels` (a caller bug: callers pass a supported family).
+/// Only for quantized weights (`Packed::Q8`, `Packed::Q4`, `Packed::Q4x8`).
+/// Panics if the CPU cannot run `kernels` (a caller bug: callers pass a
+/// supported family).
 pub(crate) fn gemv_rows(
     kernels: CpuKernels,
     w: &WeightMatrix,
@@ -30,31 +31,42 @@ pub(crate) fn gemv_rows(
         kernels.is_supported(),
         "{kernels:?} kernels on a CPU without them"
     );
-    match kernels {
-        CpuKernels::Scalar => gemv_rows_scalar(w, acts, n_tokens, rows, out),
-        // SAFETY: the CPU has the family's features (asserted above).
+    match (kernels, &w.data) {
+        (CpuKernels::Scalar, _) => gemv_rows_scalar(w, acts, n_tokens, rows, out),
+        // Every SIMD family has AVX2 and F16C, all the interleaved kernel needs.
+        // SAFETY: the CPU has the family's features (asserted above), and
+        // `AlignedBytes` start 64-byte aligned.
         #[cfg(target_arch = "x86_64")]
-        CpuKernels::Avx2 => match &w.data {
-            // Many tokens: unpack the rows once, then run every token.
-            Packed::Q4 { qs, d, m } if n_tokens >= super::gemm_q4_avx2::MIN_TOKENS => unsafe {
-                let (n_rows, blocks) = (w.rows(), w.cols() / QK);
-                let parts = (qs.as_slice(), &d[..], &m[..]);
-                super::gemm_q4_avx2::gemm_rows(parts, n_rows, blocks, acts, n_tokens, rows, out)
-            },
-            _ => unsafe { super::gemv_avx2::gemv_rows(w, acts, n_tokens, rows, out) },
+        (_, Packed::Q4x8(data)) => unsafe {
+            let (n_rows, blocks) = (w.rows(), w.cols() / QK);
+            super::gemv_q4x8_avx2::gemv_rows(
+                data.as_slice(),
+                n_rows,
+                blocks,
+                acts,
+                n_tokens,
+                rows,
+                out,
+            )
+        },
+        // SAFETY: the CPU has the family's features (asserted above).
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        (CpuKernels::Avx2, _) => unsafe {
+            super::gemv_avx2::gemv_rows(w, acts, n_tokens, rows, out)
         },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        CpuKernels::AvxVnni => unsafe {
+        (CpuKernels::AvxVnni, _) => unsafe {
             super::gemv_avx2::gemv_rows_vnni(w, acts, n_tokens, rows, out)
         },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        CpuKernels::Avx512Vnni => unsafe {
+        (CpuKernels::Avx512Vnni, _) => unsafe {
             super::gemv_avx512::gemv_rows(w, acts, n_tokens, rows, out)
         },
         #[cfg(not(target_arch = "x86_64"))]
-        CpuKernels::Avx2 | CpuKernels::AvxVnni | CpuKernels::Avx512Vnni => {
+        (CpuKernels::Avx2 | CpuKernels::AvxVnni | CpuKernels::Avx512Vnni, _) => {
             unreachable!("never supported here")
         }
     }
@@ -83,7 +95,17 @@ pub(crate) fn gemv_rows_scalar(
                 ),
                 Packed::Q4 { qs, d, m } => {
                     let q = &qs.as_slice()[r * cols / 2..(r + 1) * cols / 2];
-                    dot_q4(q, &d[scales.clone()], &m[scales.clone()], xq, dx, sx)
+                    let (d, m) = (&d[scales.clone()], &m[scales.clone()]);
+                    dot_q4(
+                        (0..blocks).map(|b| (&q[b * QK / 2..][..QK / 2], d[b], m[b])),
+                        xq,
+                        dx,
+                        sx,
+                    )
+                }
+                Packed::Q4x8(data) => {
+                    let block = |b| q4x8_block(data.as_slice(), blocks, r, b);
+                    dot_q4((0..blocks).map(block), xq, dx, sx)
                 }
                 Packed::F32(_) | Packed::F16(_) | Packed::BF16(_) => {
                     unreachable!("gemv is only for quantized weights")
@@ -109,16 +131,22 @@ fn dot_q8(qs: &[u8], d: &[u16], xq: &[i8], dx: &[f32]) -> f32 {
     acc
 }
 
-/// One 4-bit row times one quantized activation row.
-fn dot_q4(qs: &[u8], d: &[u16], m: &[u16], xq: &[i8], dx: &[f32], sx: &[f32]) -> f32 {
+/// One 4-bit row, given as its blocks (16 quant bytes, f16 scale, f16
+/// minimum), times one quantized activation row.
+fn dot_q4<Q: AsRef<[u8]>>(
+    blocks: impl Iterator<Item = (Q, u16, u16)>,
+    xq: &[i8],
+    dx: &[f32],
+    sx: &[f32],
+) -> f32 {
     let mut acc = 0f32;
-    for (b, (wq, xq)) in qs.chunks_exact(QK / 2).zip(xq.chunks_exact(QK)).enumerate() {
+    for (b, ((wq, d, m), xq)) in blocks.zip(xq.chunks_exact(QK)).enumerate() {
         let mut isum = 0i32;
-        for (j, &byte) in wq.iter().enumerate() {
+        for (j, &byte) in wq.as_ref().iter().enumerate() {
             isum += i32::from(byte & 0x0F) * i32::from(xq[j])
                 + i32::from(byte >> 4) * i32::from(xq[j + QK / 2]);
         }
-        acc += f16_to_f32(d[b]) * dx[b] * isum as f32 + f16_to_f32(m[b]) * sx[b];
+        acc += f16_to_f32(d) * dx[b] * isum as f32 + f16_to_f32(m) * sx[b];
     }
     acc
 }

@@ -89,14 +89,19 @@ pub fn matmul_on(
         return;
     }
     let out = OutPtr::new(out);
-    let quantized = matches!(w.data, Packed::Q4 { .. } | Packed::Q8 { .. });
+    let quantized = matches!(
+        w.data,
+        Packed::Q4 { .. } | Packed::Q4x8(_) | Packed::Q8 { .. }
+    );
     let integer = quantized && path != MatmulPath::Gemm;
     if integer {
         ACTS.with(|acts| {
             let mut acts = acts.borrow_mut();
             acts.quantize(x, n_tokens, cols);
             let acts = &*acts;
-            pool.run(|i, n| gemv_rows(kernels, w, acts, n_tokens, split(rows, 4, i, n), out));
+            // Whole groups of eight rows, so no thread computes a group of
+            // the interleaved layout that another also computes.
+            pool.run(|i, n| gemv_rows(kernels, w, acts, n_tokens, split(rows, 8, i, n), out));
         });
     } else {
         let (panels, simd) = (rows.div_ceil(NR), kernels >= CpuKernels::Avx2);
@@ -178,7 +183,14 @@ mod tests {
 
     #[test]
     fn split_covers_everything_evenly() {
-        for (total, unit, n) in [(576, 4, 2), (49152, 4, 3), (7, 4, 2), (3, 1, 4), (36, 1, 2)] {
+        for (total, unit, n) in [
+            (576, 8, 2),
+            (49152, 8, 3),
+            (7, 4, 2),
+            (3, 1, 4),
+            (36, 1, 2),
+            (37, 8, 3),
+        ] {
             let parts: Vec<_> = (0..n).map(|i| split(total, unit, i, n)).collect();
             assert_eq!(parts[0].start, 0);
             assert_eq!(parts[n - 1].end, total);
@@ -235,11 +247,13 @@ mod tests {
 
     /// Every kernel family this CPU has gives the scalar path's result bit
     /// for bit (so a token's logits do not depend on the CPU or a forced
-    /// path): random weights of every quantized type, the model's shapes
-    /// (fused qkv and gate/up, o, down, a slice of the LM head's rows) and
-    /// odd ones (1 and 5 blocks, a 9-block row with a 1-block tail, 65
-    /// blocks), for 1 to 11 tokens (every tail of the 4-token tiles past
-    /// the panel kernel's 8-token threshold) and prefill-size batches.
+    /// path), from the row-major and from the interleaved 4-bit layout:
+    /// random weights of every quantized type, the model's shapes (fused
+    /// qkv and gate/up, o, down, a slice of the LM head's rows) and odd ones
+    /// (1 and 5 blocks, a 9-block row with a 1-block tail, 65 blocks; row
+    /// counts that leave a partial group of eight), for 1 to 11 tokens
+    /// (every tail of the 4-token tiles) and prefill-size batches, split
+    /// between two "threads" at a row inside a group.
     #[test]
     fn every_kernel_family_matches_scalar_bit_for_bit() {
         let mut rng = Rng::new(6);
@@ -256,7 +270,15 @@ mod tests {
         ];
         for dtype in [DType::Q4_1, DType::Q4_0, DType::Q8_0] {
             for (rows, cols) in shapes {
-                let w = random_matrix(&mut rng, dtype, rows, cols);
+                let t = tensor(
+                    dtype,
+                    rows,
+                    cols,
+                    random_gguf_bytes(&mut rng, dtype, rows, cols),
+                );
+                // Scalar's layout is row after row; AVX2's interleaves Q4 rows.
+                let layouts = [CpuKernels::Scalar, CpuKernels::Avx2]
+                    .map(|k| WeightMatrix::from_tensor_for(&t, k).unwrap());
                 let big = if rows * cols <= 576 * 576 { 512 } else { 64 };
                 for n in (1..=11).chain([big]) {
                     let mut x = rng.normals(n * cols);
@@ -266,20 +288,24 @@ mod tests {
                     let mut acts = Q8Acts::default();
                     acts.quantize(&x, n, cols);
                     let mut want = vec![0f32; n * rows];
-                    gemv_rows_scalar(&w, &acts, n, 0..rows, OutPtr::new(&mut want));
-                    for kernels in CpuKernels::available() {
+                    gemv_rows_scalar(&layouts[0], &acts, n, 0..rows, OutPtr::new(&mut want));
+                    for (w, kernels) in layouts
+                        .iter()
+                        .flat_map(|w| CpuKernels::available().into_iter().map(move |k| (w, k)))
+                    {
                         let mut got = vec![f32::NAN; n * rows];
                         // Two ranges, as two threads would split them.
                         let (a, b) = (0..rows / 3, rows / 3..rows);
-                        gemv_rows(kernels, &w, &acts, n, a, OutPtr::new(&mut got));
-                        gemv_rows(kernels, &w, &acts, n, b, OutPtr::new(&mut got));
+                        gemv_rows(kernels, w, &acts, n, a, OutPtr::new(&mut got));
+                        gemv_rows(kernels, w, &acts, n, b, OutPtr::new(&mut got));
                         let first = got
                             .iter()
                             .zip(&want)
                             .position(|(g, w)| g.to_bits() != w.to_bits());
+                        let interleaved = matches!(w.data, Packed::Q4x8(_));
                         assert!(
                             first.is_none(),
-                            "{kernels:?} {dtype:?} {rows}x{cols} n={n}: element {first:?} differs: {} vs {}",
+                            "{kernels:?} {dtype:?} interleaved={interleaved} {rows}x{cols} n={n}: element {first:?} differs: {} vs {}",
                             got[first.unwrap()],
                             want[first.unwrap()]
                         );

@@ -22,13 +22,13 @@
 mod aligned;
 mod cpu;
 mod gemm;
-#[cfg(target_arch = "x86_64")]
-mod gemm_q4_avx2;
 mod gemv;
 #[cfg(target_arch = "x86_64")]
 mod gemv_avx2;
 #[cfg(target_arch = "x86_64")]
 mod gemv_avx512;
+#[cfg(target_arch = "x86_64")]
+mod gemv_q4x8_avx2;
 #[cfg(target_arch = "x86_64")]
 mod gemv_simd;
 mod matmul;
