@@ -59,13 +59,14 @@ impl CpuKernels {
         }
     }
 
-    /// True when the family wants 4-bit matrices with eight rows
-    /// interleaved (`Packed::Q4x8`) rather than row after row. AVX2 does:
-    /// its interleaved kernel needs no horizontal sums and reads one stream
-    /// per eight rows. The VNNI families keep their row-major kernels,
-    /// measured on their machines; they can run the interleaved kernel too
-    /// (it needs only AVX2), but it has not been measured there.
-    pub fn interleaves_q4(self) -> bool {
+    /// True when the family wants quantized matrices with eight rows
+    /// interleaved (`Packed::Q4x8`, `Packed::Q8x8`) rather than row after
+    /// row. AVX2 does: its interleaved kernels need no horizontal sums and
+    /// read one stream per eight rows. The VNNI families keep their
+    /// row-major kernels, measured on their machines; they can run the
+    /// interleaved kernels too (those need only AVX2), but they have not
+    /// been measured there.
+    pub fn interleaves_rows(self) -> bool {
         self == CpuKernels::Avx2
     }
 

@@ -9,14 +9,16 @@
 use std::ops::Range;
 
 use super::cpu::CpuKernels;
+use super::interleaved::{q4x8_block, q8x8_block};
 use super::quant::Q8Acts;
-use super::weights::{f16_to_f32, q4x8_block, Packed, WeightMatrix, QK};
+use super::weights::{f16_to_f32, Packed, WeightMatrix, QK};
 use super::OutPtr;
 
 /// Computes `out[t * rows + r]` for `r` in `rows` and every token of `acts`
 /// with the given kernel family (every family gives bit-identical results).
 ///
-/// Only for quantized weights (`Packed::Q8`, `Packed::Q4`, `Packed::Q4x8`).
+/// Only for quantized weights (`Packed::Q8`, `Packed::Q4` and their
+/// interleaved forms).
 /// Panics if the CPU cannot run `kernels` (a caller bug: callers pass a
 /// supported family).
 pub(crate) fn gemv_rows(
@@ -33,21 +35,19 @@ pub(crate) fn gemv_rows(
     );
     match (kernels, &w.data) {
         (CpuKernels::Scalar, _) => gemv_rows_scalar(w, acts, n_tokens, rows, out),
-        // Every SIMD family has AVX2 and F16C, all the interleaved kernel needs.
+        // Every SIMD family has AVX2 and F16C, all the interleaved kernels need.
         // SAFETY: the CPU has the family's features (asserted above), and
         // `AlignedBytes` start 64-byte aligned.
         #[cfg(target_arch = "x86_64")]
         (_, Packed::Q4x8(data)) => unsafe {
-            let (n_rows, blocks) = (w.rows(), w.cols() / QK);
-            super::gemv_q4x8_avx2::gemv_rows(
-                data.as_slice(),
-                n_rows,
-                blocks,
-                acts,
-                n_tokens,
-                rows,
-                out,
-            )
+            let x8 = super::gemv_x8_avx2::X8::Q4(data.as_slice());
+            super::gemv_x8_avx2::gemv_rows(x8, w.rows(), w.cols() / QK, acts, n_tokens, rows, out)
+        },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        (_, Packed::Q8x8 { qs, d }) => unsafe {
+            let x8 = super::gemv_x8_avx2::X8::Q8(qs.as_slice(), d);
+            super::gemv_x8_avx2::gemv_rows(x8, w.rows(), w.cols() / QK, acts, n_tokens, rows, out)
         },
         // SAFETY: the CPU has the family's features (asserted above).
         // SAFETY: as above.
@@ -87,12 +87,10 @@ pub(crate) fn gemv_rows_scalar(
         for t in 0..n_tokens {
             let (xq, (dx, sx)) = (acts.row_qs(t), acts.row_scales(t));
             let v = match &w.data {
-                Packed::Q8 { qs, d } => dot_q8(
-                    &qs.as_slice()[r * cols..(r + 1) * cols],
-                    &d[scales.clone()],
-                    xq,
-                    dx,
-                ),
+                Packed::Q8 { qs, d } => {
+                    let (q, d) = (&qs.as_slice()[r * cols..(r + 1) * cols], &d[scales.clone()]);
+                    dot_q8((0..blocks).map(|b| (&q[b * QK..][..QK], d[b])), xq, dx)
+                }
                 Packed::Q4 { qs, d, m } => {
                     let q = &qs.as_slice()[r * cols / 2..(r + 1) * cols / 2];
                     let (d, m) = (&d[scales.clone()], &m[scales.clone()]);
@@ -107,6 +105,10 @@ pub(crate) fn gemv_rows_scalar(
                     let block = |b| q4x8_block(data.as_slice(), blocks, r, b);
                     dot_q4((0..blocks).map(block), xq, dx, sx)
                 }
+                Packed::Q8x8 { qs, d } => {
+                    let block = |b| q8x8_block(qs.as_slice(), d, blocks, r, b);
+                    dot_q8((0..blocks).map(block), xq, dx)
+                }
                 Packed::F32(_) | Packed::F16(_) | Packed::BF16(_) => {
                     unreachable!("gemv is only for quantized weights")
                 }
@@ -117,16 +119,18 @@ pub(crate) fn gemv_rows_scalar(
     }
 }
 
-/// One Q8_0 row times one quantized activation row.
-fn dot_q8(qs: &[u8], d: &[u16], xq: &[i8], dx: &[f32]) -> f32 {
+/// One Q8_0 row, given as its blocks (32 quant bytes, f16 scale), times
+/// one quantized activation row.
+fn dot_q8<Q: AsRef<[u8]>>(blocks: impl Iterator<Item = (Q, u16)>, xq: &[i8], dx: &[f32]) -> f32 {
     let mut acc = 0f32;
-    for (b, (wq, xq)) in qs.chunks_exact(QK).zip(xq.chunks_exact(QK)).enumerate() {
+    for (b, ((wq, d), xq)) in blocks.zip(xq.chunks_exact(QK)).enumerate() {
         let isum: i32 = wq
+            .as_ref()
             .iter()
             .zip(xq)
             .map(|(&w, &x)| i32::from(w as i8) * i32::from(x))
             .sum();
-        acc += f16_to_f32(d[b]) * dx[b] * isum as f32;
+        acc += f16_to_f32(d) * dx[b] * isum as f32;
     }
     acc
 }

@@ -171,7 +171,9 @@ unsafe fn chunk_rows<K: BlockSums, const NT: usize, const R: usize>(
         Packed::F32(_) | Packed::F16(_) | Packed::BF16(_) => {
             unreachable!("gemv is only for quantized weights")
         }
-        Packed::Q4x8(_) => unreachable!("interleaved rows have their own kernel"),
+        Packed::Q4x8(_) | Packed::Q8x8 { .. } => {
+            unreachable!("interleaved rows have their own kernels")
+        }
     }
 }
 

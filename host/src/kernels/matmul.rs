@@ -91,7 +91,7 @@ pub fn matmul_on(
     let out = OutPtr::new(out);
     let quantized = matches!(
         w.data,
-        Packed::Q4 { .. } | Packed::Q4x8(_) | Packed::Q8 { .. }
+        Packed::Q4 { .. } | Packed::Q4x8(_) | Packed::Q8 { .. } | Packed::Q8x8 { .. }
     );
     let integer = quantized && path != MatmulPath::Gemm;
     if integer {
@@ -276,7 +276,7 @@ mod tests {
                     cols,
                     random_gguf_bytes(&mut rng, dtype, rows, cols),
                 );
-                // Scalar's layout is row after row; AVX2's interleaves Q4 rows.
+                // Scalar's layout is row after row; AVX2's interleaves rows.
                 let layouts = [CpuKernels::Scalar, CpuKernels::Avx2]
                     .map(|k| WeightMatrix::from_tensor_for(&t, k).unwrap());
                 let big = if rows * cols <= 576 * 576 { 512 } else { 64 };
@@ -302,7 +302,7 @@ mod tests {
                             .iter()
                             .zip(&want)
                             .position(|(g, w)| g.to_bits() != w.to_bits());
-                        let interleaved = matches!(w.data, Packed::Q4x8(_));
+                        let interleaved = matches!(w.data, Packed::Q4x8(_) | Packed::Q8x8 { .. });
                         assert!(
                             first.is_none(),
                             "{kernels:?} {dtype:?} interleaved={interleaved} {rows}x{cols} n={n}: element {first:?} differs: {} vs {}",

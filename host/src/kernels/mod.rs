@@ -28,9 +28,10 @@ mod gemv_avx2;
 #[cfg(target_arch = "x86_64")]
 mod gemv_avx512;
 #[cfg(target_arch = "x86_64")]
-mod gemv_q4x8_avx2;
-#[cfg(target_arch = "x86_64")]
 mod gemv_simd;
+#[cfg(target_arch = "x86_64")]
+mod gemv_x8_avx2;
+mod interleaved;
 mod matmul;
 mod pool;
 mod quant;

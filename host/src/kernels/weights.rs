@@ -8,14 +8,15 @@
 //! converted by one F16C instruction. Q4_0 is stored as Q4_1 with the
 //! minimum `m = -8 d`, so one 4-bit kernel serves both.
 //!
-//! The AVX2 family wants 4-bit matrices with eight rows interleaved
-//! ([`Packed::Q4x8`]); [`WeightMatrix::from_tensor_for`] repacks them so at
-//! load (the same bytes again, never a second copy).
+//! The AVX2 family wants quantized matrices with eight rows interleaved
+//! ([`Packed::Q4x8`], [`Packed::Q8x8`]); [`WeightMatrix::from_tensor_for`]
+//! repacks them so at load (the same bytes again, never a second copy).
 
 use half::{bf16, f16};
 
 use super::aligned::AlignedBytes;
 use super::cpu::CpuKernels;
+use super::interleaved::{interleave_q4, interleave_q8, q4x8_block, q8x8_block};
 use super::KernelError;
 use crate::model::{DType, Tensor};
 
@@ -58,36 +59,12 @@ pub(crate) enum Packed {
         d: Vec<u16>,
         m: Vec<u16>,
     },
-    /// The 4-bit blocks of `Q4` with eight rows interleaved, one stream per
-    /// eight rows (the AVX2 kernel's layout, see
-    /// [`gemv_q4x8_avx2`](super::gemv_q4x8_avx2)): for each group of
-    /// [`X8_ROWS`] rows (the last one padded with zero rows) and each block,
-    /// one [`X8_RECORD`]-byte record. Its first 128 bytes are four 32-byte
-    /// vectors; vector `s` holds bytes `4s .. 4s + 4` of each row's 16 quant
-    /// bytes (GGUF nibble order), row `i` at `4i`. Then the eight rows' f16
-    /// scales, then their f16 minimums.
+    /// `Q4` with eight rows interleaved, scales beside their quants (see
+    /// [`interleaved`](super::interleaved)).
     Q4x8(AlignedBytes),
-}
-
-/// Rows per interleaved group of [`Packed::Q4x8`].
-pub(crate) const X8_ROWS: usize = 8;
-
-/// Bytes per (group, block) record of [`Packed::Q4x8`]: 128 of quants, 16
-/// of scales, 16 of minimums (a multiple of 32, so every vector is aligned).
-pub(crate) const X8_RECORD: usize = X8_ROWS * (QK / 2 + 4);
-
-/// One block of one row of a [`Packed::Q4x8`] matrix with `blocks` blocks
-/// per row: its 16 quant bytes in GGUF order, its scale and its minimum.
-#[inline]
-pub(crate) fn q4x8_block(data: &[u8], blocks: usize, row: usize, b: usize) -> ([u8; 16], u16, u16) {
-    let rec = &data[((row / X8_ROWS) * blocks + b) * X8_RECORD..][..X8_RECORD];
-    let i = row % X8_ROWS;
-    let mut q = [0u8; 16];
-    for (s, word) in q.chunks_exact_mut(4).enumerate() {
-        word.copy_from_slice(&rec[32 * s + 4 * i..][..4]);
-    }
-    let half = |at: usize| u16::from_le_bytes([rec[at], rec[at + 1]]);
-    (q, half(128 + 2 * i), half(144 + 2 * i))
+    /// `Q8` with eight rows interleaved (see [`interleaved`](super::interleaved)):
+    /// `d` holds the eight rows' scales of each block, group after group.
+    Q8x8 { qs: AlignedBytes, d: Vec<u16> },
 }
 
 impl WeightMatrix {
@@ -135,10 +112,15 @@ impl WeightMatrix {
             ),
             DType::F16 => Packed::F16(u16s(bytes)),
             DType::BF16 => Packed::BF16(u16s(bytes)),
-            DType::Q8_0 => repack_q8_0(bytes),
+            DType::Q8_0 => match repack_q8_0(bytes) {
+                Packed::Q8 { qs, d } if kernels.interleaves_rows() => {
+                    interleave_q8(qs.as_slice(), &d, rows, cols / QK)
+                }
+                q8 => q8,
+            },
             DType::Q4_0 | DType::Q4_1 => match repack_q4(bytes, t.dtype) {
-                Packed::Q4 { qs, d, m } if kernels.interleaves_q4() => {
-                    Packed::Q4x8(interleave_q4(qs.as_slice(), &d, &m, rows, cols / QK))
+                Packed::Q4 { qs, d, m } if kernels.interleaves_rows() => {
+                    interleave_q4(qs.as_slice(), &d, &m, rows, cols / QK)
                 }
                 q4 => q4,
             },
@@ -208,10 +190,14 @@ impl WeightMatrix {
                     .zip(qs.chunks_exact(QK))
                     .enumerate()
                 {
-                    let scale = f16_to_f32(d[start / QK + b]);
-                    for (o, &q) in o.iter_mut().zip(q) {
-                        *o = f32::from(q as i8) * scale;
-                    }
+                    dequantize_q8(q, f16_to_f32(d[start / QK + b]), o);
+                }
+            }
+            Packed::Q8x8 { qs, d } => {
+                debug_assert!(k0.is_multiple_of(QK) && n.is_multiple_of(QK));
+                for (b, o) in out.chunks_exact_mut(QK).enumerate() {
+                    let (q, d) = q8x8_block(qs.as_slice(), d, self.cols / QK, row, k0 / QK + b);
+                    dequantize_q8(&q, f16_to_f32(d), o);
                 }
             }
             Packed::Q4 { qs, d, m } => {
@@ -235,6 +221,13 @@ impl WeightMatrix {
                 }
             }
         }
+    }
+}
+
+/// One 8-bit block as 32 floats.
+fn dequantize_q8(q: &[u8], scale: f32, out: &mut [f32]) {
+    for (o, &q) in out.iter_mut().zip(q) {
+        *o = f32::from(q as i8) * scale;
     }
 }
 
@@ -315,26 +308,6 @@ fn repack_q4(bytes: &[u8], dtype: DType) -> Packed {
     Packed::Q4 { qs, d, m }
 }
 
-/// The [`Packed::Q4x8`] layout of a `Packed::Q4` matrix of `rows` rows of
-/// `blocks` blocks.
-fn interleave_q4(qs: &[u8], d: &[u16], m: &[u16], rows: usize, blocks: usize) -> AlignedBytes {
-    let mut out = AlignedBytes::zeroed(rows.div_ceil(X8_ROWS) * blocks * X8_RECORD);
-    let data = out.as_mut_slice();
-    for r in 0..rows {
-        let i = r % X8_ROWS;
-        for b in 0..blocks {
-            let rec = &mut data[((r / X8_ROWS) * blocks + b) * X8_RECORD..][..X8_RECORD];
-            let q = &qs[(r * blocks + b) * QK / 2..][..QK / 2];
-            for (s, word) in q.chunks_exact(4).enumerate() {
-                rec[32 * s + 4 * i..][..4].copy_from_slice(word);
-            }
-            rec[128 + 2 * i..][..2].copy_from_slice(&d[r * blocks + b].to_le_bytes());
-            rec[144 + 2 * i..][..2].copy_from_slice(&m[r * blocks + b].to_le_bytes());
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -397,31 +370,6 @@ pub(crate) mod tests {
         w.dequantize_row(1, &mut out);
         for (j, &v) in out.iter().enumerate() {
             assert_eq!(v, (j as f32 - 16.0) * 2.0 * 0.125);
-        }
-    }
-
-    /// The interleaved 4-bit layout holds the same values as the row-major
-    /// one, in every row of a matrix whose last group of eight is partial.
-    #[test]
-    fn interleaved_q4_dequantizes_like_row_major() {
-        let mut rng = crate::kernels::testutil::Rng::new(3);
-        for dtype in [DType::Q4_1, DType::Q4_0] {
-            let (rows, cols) = (13, 96);
-            let bytes = crate::kernels::testutil::random_gguf_bytes(&mut rng, dtype, rows, cols);
-            let t = tensor(dtype, rows, cols, bytes);
-            let plain = WeightMatrix::from_tensor_for(&t, CpuKernels::Scalar).unwrap();
-            let mixed = WeightMatrix::from_tensor_for(&t, CpuKernels::Avx2).unwrap();
-            assert!(matches!(plain.data, Packed::Q4 { .. }));
-            assert!(matches!(mixed.data, Packed::Q4x8(_)));
-            let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
-            for r in 0..rows {
-                plain.dequantize_row(r, &mut a);
-                mixed.dequantize_row(r, &mut b);
-                assert_eq!(a, b, "{dtype:?} row {r}");
-            }
-            let mut part = vec![0f32; 32];
-            mixed.dequantize_range(12, 64, &mut part);
-            assert_eq!(part, a[64..], "{dtype:?} last block of the last row");
         }
     }
 
