@@ -9,9 +9,12 @@
 //! - `model/pp512_matmuls`: 512 tokens through the same 210 layer matmuls
 //!   plus the LM head for the last token (what llama-bench's pp512 computes).
 //!
+//! - `memory/read_96MiB`: the machine's read bandwidth on the same threads,
+//!   the ceiling decode's weight streaming is measured against.
 //! - `families/*`: the quantized matmuls on one thread with each CPU kernel
 //!   family this machine has (scalar, AVX2, AVX-512 VNNI) in the same run,
-//!   at decode (1 token) and prefill (64 and 512 tokens) sizes.
+//!   each on the weight layout it wants, at decode (1 token) and prefill (64
+//!   and 512 tokens) sizes.
 //!
 //! Run: `cargo bench -p host --bench kernels` (add a filter such as
 //! `-- model/` to run one group). Threads: `KERNEL_BENCH_THREADS`, default
@@ -68,8 +71,13 @@ impl Rng {
 }
 
 /// A `rows x cols` matrix of `dtype` in GGUF block layout with random quants
-/// and realistic (small, positive) scales.
+/// and realistic (small, positive) scales, in the active family's layout.
 fn weight(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> WeightMatrix {
+    WeightMatrix::from_tensor(&tensor(rng, dtype, rows, cols)).expect("valid bench tensor")
+}
+
+/// The tensor behind [`weight`].
+fn tensor(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> Tensor {
     let blocks = rows * cols / 32;
     let mut bytes = Vec::with_capacity(dtype.bytes_for(rows * cols).expect("whole blocks"));
     for _ in 0..blocks {
@@ -80,13 +88,12 @@ fn weight(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> WeightMatrix
         let quants = if dtype == DType::Q8_0 { 32 } else { 16 };
         bytes.extend((0..quants).map(|_| rng.next() as u8));
     }
-    let t = Tensor {
+    Tensor {
         name: "bench".into(),
         dtype,
         shape: vec![rows, cols],
         storage: Storage::Owned(Arc::new(bytes)),
-    };
-    WeightMatrix::from_tensor(&t).expect("valid bench tensor")
+    }
 }
 
 fn threads() -> usize {
@@ -169,7 +176,7 @@ fn families(c: &mut Criterion) {
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
     for (name, dtype, rows, cols) in shapes {
-        let w = weight(&mut rng, dtype, rows, cols);
+        let t = tensor(&mut rng, dtype, rows, cols);
         // The LM head runs for the last token of a prefill only.
         let sizes: &[usize] = if name == "lm_head" {
             &[1]
@@ -184,6 +191,8 @@ fn families(c: &mut Criterion) {
                 if kernels == CpuKernels::Scalar && n > 1 {
                     continue;
                 }
+                // Each family in the layout it wants (AVX2: interleaved rows).
+                let w = WeightMatrix::from_tensor_for(&t, kernels).expect("valid bench tensor");
                 let id = format!("{name}_{rows}x{cols}_{dtype:?}/{n}");
                 group.bench_function(BenchmarkId::new(id, kernels.name()), |b| {
                     b.iter(|| matmul_on(&pool, &w, &x, n, &mut out, MatmulPath::Auto, kernels))
@@ -273,5 +282,35 @@ fn small(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, small, shapes, crossover, families, model);
+/// The machine's read bandwidth on the pool's threads: each thread sums its
+/// share of a 96 MiB buffer (about the model's weights, past any L3 of
+/// these machines' slices), so decode's GB/s have a ceiling to be read
+/// against. Throughput in bytes: criterion prints GB/s.
+fn bandwidth(c: &mut Criterion) {
+    const BYTES: usize = 96 << 20;
+    let pool = ThreadPool::new(threads());
+    let buffer: Vec<u64> = (0..BYTES as u64 / 8).collect();
+    let mut group = c.benchmark_group("memory");
+    group
+        .sample_size(20)
+        .throughput(Throughput::Bytes(BYTES as u64));
+    group.bench_function("read_96MiB", |b| {
+        b.iter(|| {
+            pool.run(|i, n| {
+                let part = &buffer[buffer.len() * i / n..buffer.len() * (i + 1) / n];
+                // Eight independent sums, so the adds never wait on each other.
+                let mut sums = [0u64; 8];
+                for chunk in part.chunks_exact(8) {
+                    for (s, &v) in sums.iter_mut().zip(chunk) {
+                        *s = s.wrapping_add(v);
+                    }
+                }
+                std::hint::black_box(sums);
+            })
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, small, shapes, crossover, families, model, bandwidth);
 criterion_main!(benches);

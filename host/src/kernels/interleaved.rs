@@ -47,18 +47,24 @@ fn gather_words(rec: &[u8], i: usize, q: &mut [u8]) {
     }
 }
 
-/// The `Q4x8` layout of the row-major 4-bit parts (`Packed::Q4`) of a
-/// matrix of `rows` rows of `blocks` blocks.
-pub(crate) fn interleave_q4(qs: &[u8], d: &[u16], m: &[u16], rows: usize, blocks: usize) -> Packed {
+/// The `Q4x8` layout of a 4-bit matrix of `rows` rows of `blocks` blocks,
+/// whose block `i` (row after row) is `block(i)`: 16 quant bytes in GGUF
+/// order, f16 scale, f16 minimum.
+pub(crate) fn interleave_q4<'a>(
+    rows: usize,
+    blocks: usize,
+    block: impl Fn(usize) -> (&'a [u8], u16, u16),
+) -> Packed {
     let mut out = AlignedBytes::zeroed(rows.div_ceil(X8_ROWS) * blocks * Q4X8_RECORD);
     let data = out.as_mut_slice();
     for r in 0..rows {
         let i = r % X8_ROWS;
         for b in 0..blocks {
             let rec = &mut data[((r / X8_ROWS) * blocks + b) * Q4X8_RECORD..][..Q4X8_RECORD];
-            scatter_words(&qs[(r * blocks + b) * QK / 2..][..QK / 2], i, rec);
-            rec[128 + 2 * i..][..2].copy_from_slice(&d[r * blocks + b].to_le_bytes());
-            rec[144 + 2 * i..][..2].copy_from_slice(&m[r * blocks + b].to_le_bytes());
+            let (q, d, m) = block(r * blocks + b);
+            scatter_words(q, i, rec);
+            rec[128 + 2 * i..][..2].copy_from_slice(&d.to_le_bytes());
+            rec[144 + 2 * i..][..2].copy_from_slice(&m.to_le_bytes());
         }
     }
     Packed::Q4x8(out)
@@ -76,9 +82,13 @@ pub(crate) fn q4x8_block(data: &[u8], blocks: usize, row: usize, b: usize) -> ([
     (q, half(128 + 2 * i), half(144 + 2 * i))
 }
 
-/// The `Q8x8` layout of the row-major 8-bit parts (`Packed::Q8`) of a
-/// matrix of `rows` rows of `blocks` blocks.
-pub(crate) fn interleave_q8(qs: &[u8], d: &[u16], rows: usize, blocks: usize) -> Packed {
+/// The `Q8x8` layout of an 8-bit matrix of `rows` rows of `blocks` blocks,
+/// whose block `i` (row after row) is `block(i)`: 32 quant bytes, f16 scale.
+pub(crate) fn interleave_q8<'a>(
+    rows: usize,
+    blocks: usize,
+    block: impl Fn(usize) -> (&'a [u8], u16),
+) -> Packed {
     let records = rows.div_ceil(X8_ROWS) * blocks;
     let mut out = AlignedBytes::zeroed(records * Q8X8_QUANTS);
     let mut scales = vec![0u16; records * X8_ROWS + SCALE_PAD];
@@ -87,12 +97,9 @@ pub(crate) fn interleave_q8(qs: &[u8], d: &[u16], rows: usize, blocks: usize) ->
         let i = r % X8_ROWS;
         for b in 0..blocks {
             let at = (r / X8_ROWS) * blocks + b;
-            scatter_words(
-                &qs[(r * blocks + b) * QK..][..QK],
-                i,
-                &mut data[at * Q8X8_QUANTS..],
-            );
-            scales[at * X8_ROWS + i] = d[r * blocks + b];
+            let (q, d) = block(r * blocks + b);
+            scatter_words(q, i, &mut data[at * Q8X8_QUANTS..]);
+            scales[at * X8_ROWS + i] = d;
         }
     }
     Packed::Q8x8 { qs: out, d: scales }

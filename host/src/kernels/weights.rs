@@ -112,18 +112,15 @@ impl WeightMatrix {
             ),
             DType::F16 => Packed::F16(u16s(bytes)),
             DType::BF16 => Packed::BF16(u16s(bytes)),
-            DType::Q8_0 => match repack_q8_0(bytes) {
-                Packed::Q8 { qs, d } if kernels.interleaves_rows() => {
-                    interleave_q8(qs.as_slice(), &d, rows, cols / QK)
-                }
-                q8 => q8,
-            },
-            DType::Q4_0 | DType::Q4_1 => match repack_q4(bytes, t.dtype) {
-                Packed::Q4 { qs, d, m } if kernels.interleaves_rows() => {
-                    interleave_q4(qs.as_slice(), &d, &m, rows, cols / QK)
-                }
-                q4 => q4,
-            },
+            // Straight from the checkpoint's blocks: no row-major copy first.
+            DType::Q8_0 if kernels.interleaves_rows() => {
+                interleave_q8(rows, cols / QK, |i| q8_0_block(bytes, i))
+            }
+            DType::Q4_0 | DType::Q4_1 if kernels.interleaves_rows() => {
+                interleave_q4(rows, cols / QK, |i| q4_block(bytes, t.dtype, i))
+            }
+            DType::Q8_0 => repack_q8_0(bytes),
+            DType::Q4_0 | DType::Q4_1 => repack_q4(bytes, t.dtype),
         };
         Ok(WeightMatrix {
             rows,
@@ -263,45 +260,54 @@ fn u16s(bytes: &[u8]) -> Vec<u16> {
         .collect()
 }
 
-/// Splits GGUF Q8_0 blocks (f16 d, 32 x i8) into quants and scales.
+/// GGUF Q8_0 block `i` of `bytes` (f16 d, 32 x i8): its quants and scale.
+fn q8_0_block(bytes: &[u8], i: usize) -> (&[u8], u16) {
+    let block = &bytes[i * 34..][..34];
+    (&block[2..], u16::from_le_bytes([block[0], block[1]]))
+}
+
+/// GGUF Q4_1 (f16 d, f16 m, 16 bytes) or Q4_0 (f16 d, 16 bytes) block `i`
+/// of `bytes`: its 16 quant bytes, scale and minimum (Q4_0's is `-8 d`).
+fn q4_block(bytes: &[u8], dtype: DType, i: usize) -> (&[u8], u16, u16) {
+    let block_bytes = dtype.block_bytes();
+    let block = &bytes[i * block_bytes..][..block_bytes];
+    let scale = u16::from_le_bytes([block[0], block[1]]);
+    let min = if dtype == DType::Q4_1 {
+        u16::from_le_bytes([block[2], block[3]])
+    } else {
+        // Exact: multiplying an f16 by a power of two only changes its exponent.
+        f16::from_f32(-8.0 * f16_to_f32(scale)).to_bits()
+    };
+    (&block[block_bytes - QK / 2..], scale, min)
+}
+
+/// Splits GGUF Q8_0 blocks into quants and scales.
 fn repack_q8_0(bytes: &[u8]) -> Packed {
     let blocks = bytes.len() / 34;
     let mut qs = AlignedBytes::zeroed(blocks * QK);
     let mut d = Vec::with_capacity(blocks + SCALE_PAD);
-    for (block, out) in bytes
-        .chunks_exact(34)
-        .zip(qs.as_mut_slice().chunks_exact_mut(QK))
-    {
-        d.push(u16::from_le_bytes([block[0], block[1]]));
-        out.copy_from_slice(&block[2..]);
+    for (i, out) in qs.as_mut_slice().chunks_exact_mut(QK).enumerate() {
+        let (q, scale) = q8_0_block(bytes, i);
+        out.copy_from_slice(q);
+        d.push(scale);
     }
     d.extend([0; SCALE_PAD]);
     Packed::Q8 { qs, d }
 }
 
-/// Splits GGUF Q4_1 (f16 d, f16 m, 16 bytes) or Q4_0 (f16 d, 16 bytes)
-/// blocks into quants, scales and minimums.
+/// Splits GGUF Q4_1 or Q4_0 blocks into quants, scales and minimums.
 fn repack_q4(bytes: &[u8], dtype: DType) -> Packed {
-    let block_bytes = dtype.block_bytes();
-    let blocks = bytes.len() / block_bytes;
+    let blocks = bytes.len() / dtype.block_bytes();
     let mut qs = AlignedBytes::zeroed(blocks * QK / 2);
     let (mut d, mut m) = (
         Vec::with_capacity(blocks + SCALE_PAD),
         Vec::with_capacity(blocks + SCALE_PAD),
     );
-    for (block, out) in bytes
-        .chunks_exact(block_bytes)
-        .zip(qs.as_mut_slice().chunks_exact_mut(QK / 2))
-    {
-        let scale = u16::from_le_bytes([block[0], block[1]]);
+    for (i, out) in qs.as_mut_slice().chunks_exact_mut(QK / 2).enumerate() {
+        let (q, scale, min) = q4_block(bytes, dtype, i);
+        out.copy_from_slice(q);
         d.push(scale);
-        if dtype == DType::Q4_1 {
-            m.push(u16::from_le_bytes([block[2], block[3]]));
-        } else {
-            // Exact: multiplying an f16 by a power of two only changes its exponent.
-            m.push(f16::from_f32(-8.0 * f16_to_f32(scale)).to_bits());
-        }
-        out.copy_from_slice(&block[block_bytes - QK / 2..]);
+        m.push(min);
     }
     d.extend([0; SCALE_PAD]);
     m.extend([0; SCALE_PAD]);
