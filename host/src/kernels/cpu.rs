@@ -59,15 +59,18 @@ impl CpuKernels {
         }
     }
 
-    /// True when the family wants quantized matrices with eight rows
-    /// interleaved (`Packed::Q4x8`, `Packed::Q8x8`) rather than row after
-    /// row. AVX2 does: its interleaved kernels need no horizontal sums and
-    /// read one stream per eight rows. The VNNI families keep their
-    /// row-major kernels, measured on their machines; they can run the
-    /// interleaved kernels too (those need only AVX2), but they have not
-    /// been measured there.
-    pub fn interleaves_rows(self) -> bool {
-        self == CpuKernels::Avx2
+    /// How many rows the family wants interleaved in its quantized matrices
+    /// (`Packed::Q4Interleaved`, `Packed::Q8Interleaved`), or `None` for
+    /// row after row. The interleaved kernels need no horizontal sums and
+    /// read one stream per group: AVX2 takes groups of 8 rows (one row per
+    /// 32-bit lane of a 256-bit vector), AVX-512 VNNI groups of 16. AVX-VNNI
+    /// keeps its row-major kernels (not measured on a machine with it).
+    pub fn interleave_group(self) -> Option<usize> {
+        match self {
+            CpuKernels::Avx2 => Some(super::interleaved::AVX2_GROUP),
+            CpuKernels::Avx512Vnni => Some(super::interleaved::AVX512_GROUP),
+            CpuKernels::Scalar | CpuKernels::AvxVnni => None,
+        }
     }
 
     /// The families this CPU supports, slowest first.

@@ -9,7 +9,9 @@
 use std::ops::Range;
 
 use super::cpu::CpuKernels;
-use super::interleaved::{q4x8_block, q8x8_block};
+use super::interleaved::{q4_block_at, q8_block_at};
+#[cfg(target_arch = "x86_64")]
+use super::interleaved::{Interleaved, AVX2_GROUP, AVX512_GROUP};
 use super::quant::Q8Acts;
 use super::weights::{f16_to_f32, Packed, WeightMatrix, QK};
 use super::OutPtr;
@@ -35,24 +37,21 @@ pub(crate) fn gemv_rows(
     );
     match (kernels, &w.data) {
         (CpuKernels::Scalar, _) => gemv_rows_scalar(w, acts, n_tokens, rows, out),
-        // Every SIMD family has AVX2 and F16C, all the interleaved kernels need.
-        // SAFETY: the CPU has the family's features (asserted above), and
-        // `AlignedBytes` start 64-byte aligned.
         #[cfg(target_arch = "x86_64")]
-        (_, Packed::Q4x8(data)) => unsafe {
-            let x8 = super::gemv_x8_avx2::X8::Q4(data.as_slice());
-            super::gemv_x8_avx2::gemv_rows(x8, w.rows(), w.cols() / QK, acts, n_tokens, rows, out)
-        },
-        // SAFETY: as above.
+        (_, Packed::Q4Interleaved { data, group }) => {
+            let data = Interleaved::Q4(data.as_slice());
+            gemv_interleaved(kernels, *group, data, w, acts, n_tokens, rows, out)
+        }
         #[cfg(target_arch = "x86_64")]
-        (_, Packed::Q8x8 { qs, d }) => unsafe {
-            let x8 = super::gemv_x8_avx2::X8::Q8(qs.as_slice(), d);
-            super::gemv_x8_avx2::gemv_rows(x8, w.rows(), w.cols() / QK, acts, n_tokens, rows, out)
-        },
+        (_, Packed::Q8Interleaved { qs, d, group }) => {
+            let data = Interleaved::Q8(qs.as_slice(), d);
+            gemv_interleaved(kernels, *group, data, w, acts, n_tokens, rows, out)
+        }
+        // AVX-512 VNNI matrices are interleaved; a row-major one (only a
+        // test makes it) is read with the AVX2 kernels that family includes.
         // SAFETY: the CPU has the family's features (asserted above).
-        // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        (CpuKernels::Avx2, _) => unsafe {
+        (CpuKernels::Avx2 | CpuKernels::Avx512Vnni, _) => unsafe {
             super::gemv_avx2::gemv_rows(w, acts, n_tokens, rows, out)
         },
         // SAFETY: as above.
@@ -60,15 +59,42 @@ pub(crate) fn gemv_rows(
         (CpuKernels::AvxVnni, _) => unsafe {
             super::gemv_avx2::gemv_rows_vnni(w, acts, n_tokens, rows, out)
         },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        (CpuKernels::Avx512Vnni, _) => unsafe {
-            super::gemv_avx512::gemv_rows(w, acts, n_tokens, rows, out)
-        },
         #[cfg(not(target_arch = "x86_64"))]
         (CpuKernels::Avx2 | CpuKernels::AvxVnni | CpuKernels::Avx512Vnni, _) => {
             unreachable!("never supported here")
         }
+    }
+}
+
+/// [`gemv_rows`] for an interleaved matrix (`data`, in groups of `group`
+/// rows) with a SIMD family: every one has AVX2 and F16C, all the 8-row
+/// kernels need; the 16-row layout needs AVX-512 VNNI, and families
+/// without it (which never choose that layout, though a test may hand it
+/// to them) read it with the scalar code.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn gemv_interleaved(
+    kernels: CpuKernels,
+    group: usize,
+    data: Interleaved,
+    w: &WeightMatrix,
+    acts: &Q8Acts,
+    n_tokens: usize,
+    rows: Range<usize>,
+    out: OutPtr,
+) {
+    let (n_rows, blocks) = (w.rows(), w.cols() / QK);
+    match (group, kernels) {
+        // SAFETY: the caller checked the family is supported; `AlignedBytes`
+        // start 64-byte aligned.
+        (AVX2_GROUP, _) => unsafe {
+            super::gemv_x8_avx2::gemv_rows(data, n_rows, blocks, acts, n_tokens, rows, out)
+        },
+        // SAFETY: as above.
+        (AVX512_GROUP, CpuKernels::Avx512Vnni) => unsafe {
+            super::gemv_x16_avx512::gemv_rows(data, n_rows, blocks, acts, n_tokens, rows, out)
+        },
+        _ => gemv_rows_scalar(w, acts, n_tokens, rows, out),
     }
 }
 
@@ -101,12 +127,12 @@ pub(crate) fn gemv_rows_scalar(
                         sx,
                     )
                 }
-                Packed::Q4x8(data) => {
-                    let block = |b| q4x8_block(data.as_slice(), blocks, r, b);
+                Packed::Q4Interleaved { data, group } => {
+                    let block = |b| q4_block_at(data.as_slice(), *group, blocks, r, b);
                     dot_q4((0..blocks).map(block), xq, dx, sx)
                 }
-                Packed::Q8x8 { qs, d } => {
-                    let block = |b| q8x8_block(qs.as_slice(), d, blocks, r, b);
+                Packed::Q8Interleaved { qs, d, group } => {
+                    let block = |b| q8_block_at((qs.as_slice(), d), *group, blocks, r, b);
                     dot_q8((0..blocks).map(block), xq, dx)
                 }
                 Packed::F32(_) | Packed::F16(_) | Packed::BF16(_) => {

@@ -1,6 +1,6 @@
-//! The SIMD [`gemv_rows`](super::gemv::gemv_rows) driver shared by the AVX2
-//! and AVX-512 VNNI kernels, which differ only in how they compute integer
-//! block sums ([`BlockSums`]).
+//! The SIMD [`gemv_rows`](super::gemv::gemv_rows) driver for row-major
+//! quantized matrices, shared by the AVX2 and AVX-VNNI kernels, which differ
+//! only in how they compute integer block sums ([`BlockSums`]).
 //!
 //! Results are bit-identical to the scalar path, so a token's logits do not
 //! depend on which CPU (or forced path) computed them. Integer block sums are
@@ -39,10 +39,6 @@ pub(crate) struct Tokens<const NT: usize> {
     pub(crate) d: [*const f32; NT],
     /// Block `d * sum(q)` of each token, padded like `d`.
     pub(crate) s: [*const f32; NT],
-    /// Block `sum(q)` of each token, padded like `d`.
-    pub(crate) sums: [*const i32; NT],
-    /// Quants of each token in `Q8Acts::halves` order (AVX-512 VNNI only).
-    pub(crate) halves: [*const i8; NT],
 }
 
 /// How one instruction set computes exact integer block sums.
@@ -135,15 +131,11 @@ unsafe fn chunk_rows<K: BlockSums, const NT: usize, const R: usize>(
         qs: [std::ptr::null(); NT],
         d: [std::ptr::null(); NT],
         s: [std::ptr::null(); NT],
-        sums: [std::ptr::null(); NT],
-        halves: [std::ptr::null(); NT],
     };
     for t in 0..NT {
         let (d, s) = acts.row_scales(t0 + t);
         x.qs[t] = acts.row_qs(t0 + t).as_ptr();
         (x.d[t], x.s[t]) = (d.as_ptr(), s.as_ptr());
-        x.sums[t] = acts.row_sums(t0 + t).as_ptr();
-        x.halves[t] = acts.row_halves(t0 + t).as_ptr();
     }
     match &w.data {
         Packed::Q4 { qs, d, m } => {
@@ -171,7 +163,7 @@ unsafe fn chunk_rows<K: BlockSums, const NT: usize, const R: usize>(
         Packed::F32(_) | Packed::F16(_) | Packed::BF16(_) => {
             unreachable!("gemv is only for quantized weights")
         }
-        Packed::Q4x8(_) | Packed::Q8x8 { .. } => {
+        Packed::Q4Interleaved { .. } | Packed::Q8Interleaved { .. } => {
             unreachable!("interleaved rows have their own kernels")
         }
     }

@@ -1,137 +1,419 @@
-//! The interleaved layouts of quantized matrices ([`Packed::Q4x8`],
-//! [`Packed::Q8x8`]): eight rows stored together so one 32-byte vector holds
-//! four quant bytes of each, one row per 32-bit lane (the AVX2 kernels in
-//! [`gemv_x8_avx2`](super::gemv_x8_avx2) read them).
+//! The interleaved layouts of quantized matrices ([`Packed::Q4Interleaved`],
+//! [`Packed::Q8Interleaved`]): `group` rows stored together so one vector
+//! of `4 * group` bytes holds four quant bytes of each, one row per 32-bit
+//! lane. AVX2 uses groups of [`AVX2_GROUP`] rows (32-byte vectors, read by
+//! [`gemv_x8_avx2`](super::gemv_x8_avx2)), AVX-512 groups of
+//! [`AVX512_GROUP`] (64-byte vectors, read by
+//! [`gemv_x16_avx512`](super::gemv_x16_avx512)).
 //!
-//! Rows are taken in groups of [`X8_ROWS`] (the last group padded with
-//! zero rows, whose zero scales make them zero); each group stores its
-//! blocks one after the other. Within a (group, block) record, vector `s`
-//! holds bytes `4s .. 4s + 4` of each row's quant bytes of the block (GGUF
-//! order), row `i` at byte `4i`:
+//! Rows are taken in groups (the last group padded with zero rows, whose
+//! zero scales make them zero); each group stores its blocks one after the
+//! other. Within a (group, block) record, vector `s` holds bytes
+//! `4s .. 4s + 4` of each row's quant bytes of the block (GGUF order), row
+//! `i` at byte `4i`:
 //!
-//! - `Q4x8`: four vectors (16 bytes of nibbles per row), then the eight
-//!   rows' f16 scales, then their f16 minimums: [`Q4X8_RECORD`] bytes, one
-//!   stream per eight rows.
-//! - `Q8x8`: eight vectors (32 signed bytes per row), [`Q8X8_QUANTS`]
-//!   bytes; the scales live in their own array, eight per record (a record
-//!   of 272 bytes would leave the vectors unaligned).
+//! - 4-bit: four vectors (16 bytes of nibbles per row), then the rows' f16
+//!   scales, then their f16 minimums: [`q4_record`] bytes, one stream per
+//!   group.
+//! - 8-bit: eight vectors (32 signed bytes per row), [`q8_quants`] bytes;
+//!   the scales live in their own array, `group` per record (scales beside
+//!   the quants would leave the vectors unaligned).
 //!
-//! [`Packed::Q4x8`]: super::weights::Packed::Q4x8
-//! [`Packed::Q8x8`]: super::weights::Packed::Q8x8
+//! This module also holds what the interleaved kernels share: which groups
+//! a range of rows touches and where their results go ([`Place`]), and the
+//! activations of a tile of tokens ([`Tokens`]).
+//!
+//! [`Packed::Q4Interleaved`]: super::weights::Packed::Q4Interleaved
+//! [`Packed::Q8Interleaved`]: super::weights::Packed::Q8Interleaved
+
+use std::ops::Range;
 
 use super::aligned::AlignedBytes;
+use super::quant::Q8Acts;
 use super::weights::{Packed, QK, SCALE_PAD};
+use super::OutPtr;
 
-/// Rows per interleaved group.
-pub(crate) const X8_ROWS: usize = 8;
+/// Rows per group of the AVX2 layout.
+pub(crate) const AVX2_GROUP: usize = 8;
 
-/// Bytes per (group, block) record of `Q4x8`: 128 of quants, 16 of
-/// scales, 16 of minimums (a multiple of 32, so every vector is aligned).
-pub(crate) const Q4X8_RECORD: usize = X8_ROWS * (QK / 2 + 4);
+/// Rows per group of the AVX-512 layout.
+pub(crate) const AVX512_GROUP: usize = 16;
 
-/// Bytes of quants per (group, block) record of `Q8x8`.
-pub(crate) const Q8X8_QUANTS: usize = X8_ROWS * QK;
+/// Bytes per (group, block) record of a 4-bit matrix: quants, scales,
+/// minimums (a multiple of `4 * group`, so every vector is aligned).
+pub(crate) const fn q4_record(group: usize) -> usize {
+    group * (QK / 2 + 4)
+}
+
+/// Bytes of quants per (group, block) record of an 8-bit matrix.
+pub(crate) const fn q8_quants(group: usize) -> usize {
+    group * QK
+}
 
 /// Stores one row's quant bytes of a block (`q`, 16 or 32 bytes) as row
-/// `i` of the record `rec`.
-fn scatter_words(q: &[u8], i: usize, rec: &mut [u8]) {
+/// `i` of the record `rec` of a `group`-row layout.
+fn scatter_words(q: &[u8], group: usize, i: usize, rec: &mut [u8]) {
     for (s, word) in q.chunks_exact(4).enumerate() {
-        rec[32 * s + 4 * i..][..4].copy_from_slice(word);
+        rec[4 * group * s + 4 * i..][..4].copy_from_slice(word);
     }
 }
 
 /// Row `i`'s quant bytes of the record `rec` into `q` (16 or 32 bytes).
-fn gather_words(rec: &[u8], i: usize, q: &mut [u8]) {
+fn gather_words(rec: &[u8], group: usize, i: usize, q: &mut [u8]) {
     for (s, word) in q.chunks_exact_mut(4).enumerate() {
-        word.copy_from_slice(&rec[32 * s + 4 * i..][..4]);
+        word.copy_from_slice(&rec[4 * group * s + 4 * i..][..4]);
     }
 }
 
-/// The `Q4x8` layout of a 4-bit matrix of `rows` rows of `blocks` blocks,
-/// whose block `i` (row after row) is `block(i)`: 16 quant bytes in GGUF
-/// order, f16 scale, f16 minimum.
+/// The `group`-row layout of a 4-bit matrix of `rows` rows of `blocks`
+/// blocks, whose block `i` (row after row) is `block(i)`: 16 quant bytes in
+/// GGUF order, f16 scale, f16 minimum.
 pub(crate) fn interleave_q4<'a>(
+    group: usize,
     rows: usize,
     blocks: usize,
     block: impl Fn(usize) -> (&'a [u8], u16, u16),
 ) -> Packed {
-    let mut out = AlignedBytes::zeroed(rows.div_ceil(X8_ROWS) * blocks * Q4X8_RECORD);
+    let record = q4_record(group);
+    let mut out = AlignedBytes::zeroed(rows.div_ceil(group) * blocks * record);
     let data = out.as_mut_slice();
+    let (scales, mins) = (group * QK / 2, group * (QK / 2 + 2));
     for r in 0..rows {
-        let i = r % X8_ROWS;
+        let i = r % group;
         for b in 0..blocks {
-            let rec = &mut data[((r / X8_ROWS) * blocks + b) * Q4X8_RECORD..][..Q4X8_RECORD];
+            let rec = &mut data[((r / group) * blocks + b) * record..][..record];
             let (q, d, m) = block(r * blocks + b);
-            scatter_words(q, i, rec);
-            rec[128 + 2 * i..][..2].copy_from_slice(&d.to_le_bytes());
-            rec[144 + 2 * i..][..2].copy_from_slice(&m.to_le_bytes());
+            scatter_words(q, group, i, rec);
+            rec[scales + 2 * i..][..2].copy_from_slice(&d.to_le_bytes());
+            rec[mins + 2 * i..][..2].copy_from_slice(&m.to_le_bytes());
         }
     }
-    Packed::Q4x8(out)
+    Packed::Q4Interleaved { data: out, group }
 }
 
-/// Block `b` of row `row` of a `Q4x8` matrix with `blocks` blocks per row:
-/// its 16 quant bytes in GGUF order, its scale and its minimum.
+/// Block `b` of row `row` of a 4-bit `group`-row matrix with `blocks`
+/// blocks per row: its 16 quant bytes in GGUF order, scale and minimum.
 #[inline]
-pub(crate) fn q4x8_block(data: &[u8], blocks: usize, row: usize, b: usize) -> ([u8; 16], u16, u16) {
-    let rec = &data[((row / X8_ROWS) * blocks + b) * Q4X8_RECORD..][..Q4X8_RECORD];
-    let i = row % X8_ROWS;
+pub(crate) fn q4_block_at(
+    data: &[u8],
+    group: usize,
+    blocks: usize,
+    row: usize,
+    b: usize,
+) -> ([u8; 16], u16, u16) {
+    let record = q4_record(group);
+    let rec = &data[((row / group) * blocks + b) * record..][..record];
+    let i = row % group;
     let mut q = [0u8; 16];
-    gather_words(rec, i, &mut q);
+    gather_words(rec, group, i, &mut q);
     let half = |at: usize| u16::from_le_bytes([rec[at], rec[at + 1]]);
-    (q, half(128 + 2 * i), half(144 + 2 * i))
+    let (scales, mins) = (group * QK / 2, group * (QK / 2 + 2));
+    (q, half(scales + 2 * i), half(mins + 2 * i))
 }
 
-/// The `Q8x8` layout of an 8-bit matrix of `rows` rows of `blocks` blocks,
-/// whose block `i` (row after row) is `block(i)`: 32 quant bytes, f16 scale.
+/// The `group`-row layout of an 8-bit matrix of `rows` rows of `blocks`
+/// blocks, whose block `i` (row after row) is `block(i)`: 32 quant bytes,
+/// f16 scale.
 pub(crate) fn interleave_q8<'a>(
+    group: usize,
     rows: usize,
     blocks: usize,
     block: impl Fn(usize) -> (&'a [u8], u16),
 ) -> Packed {
-    let records = rows.div_ceil(X8_ROWS) * blocks;
-    let mut out = AlignedBytes::zeroed(records * Q8X8_QUANTS);
-    let mut scales = vec![0u16; records * X8_ROWS + SCALE_PAD];
+    let records = rows.div_ceil(group) * blocks;
+    let mut out = AlignedBytes::zeroed(records * q8_quants(group));
+    let mut scales = vec![0u16; records * group + SCALE_PAD];
     let data = out.as_mut_slice();
     for r in 0..rows {
-        let i = r % X8_ROWS;
+        let i = r % group;
         for b in 0..blocks {
-            let at = (r / X8_ROWS) * blocks + b;
+            let at = (r / group) * blocks + b;
             let (q, d) = block(r * blocks + b);
-            scatter_words(q, i, &mut data[at * Q8X8_QUANTS..]);
-            scales[at * X8_ROWS + i] = d;
+            scatter_words(q, group, i, &mut data[at * q8_quants(group)..]);
+            scales[at * group + i] = d;
         }
     }
-    Packed::Q8x8 { qs: out, d: scales }
+    Packed::Q8Interleaved {
+        qs: out,
+        d: scales,
+        group,
+    }
 }
 
-/// Block `b` of row `row` of a `Q8x8` matrix with `blocks` blocks per row:
-/// its 32 quant bytes and its scale.
+/// Block `b` of row `row` of an 8-bit `group`-row matrix with `blocks`
+/// blocks per row: its 32 quant bytes and its scale.
 #[inline]
-pub(crate) fn q8x8_block(
-    qs: &[u8],
-    d: &[u16],
+pub(crate) fn q8_block_at(
+    (qs, d): (&[u8], &[u16]),
+    group: usize,
     blocks: usize,
     row: usize,
     b: usize,
 ) -> ([u8; 32], u16) {
-    let at = (row / X8_ROWS) * blocks + b;
-    let i = row % X8_ROWS;
+    let at = (row / group) * blocks + b;
+    let i = row % group;
     let mut q = [0u8; 32];
-    gather_words(&qs[at * Q8X8_QUANTS..][..Q8X8_QUANTS], i, &mut q);
-    (q, d[at * X8_ROWS + i])
+    gather_words(
+        &qs[at * q8_quants(group)..][..q8_quants(group)],
+        group,
+        i,
+        &mut q,
+    );
+    (q, d[at * group + i])
+}
+
+/// An interleaved matrix's data, borrowed from its `Packed` variant.
+#[derive(Clone, Copy)]
+pub(crate) enum Interleaved<'a> {
+    /// `Packed::Q4Interleaved`'s records.
+    Q4(&'a [u8]),
+    /// `Packed::Q8Interleaved`'s quants and scales.
+    Q8(&'a [u8], &'a [u16]),
+}
+
+/// How one instruction set multiplies a group of interleaved rows by a tile
+/// of tokens; [`gemv_rows`] drives it over groups and tiles.
+///
+/// Implementations are `#[inline(always)]` functions without target
+/// features of their own, inlined into a `#[target_feature]` entry point
+/// that calls [`gemv_rows`] (which is inlined there too).
+pub(crate) trait GroupTiles {
+    /// Rows per group: the layout this kernel reads.
+    const GROUP: usize;
+
+    /// Tokens `t0 .. t0 + NT` (`x`) times the `blocks` records of one 4-bit
+    /// group starting at `records`; stores the results at `at`.
+    ///
+    /// # Safety
+    /// The CPU has the kernel's features; `records` holds the group's
+    /// records, 64-byte aligned; `x` holds `blocks` blocks per token; `out`
+    /// is valid for the place and no other thread writes it.
+    unsafe fn tile_q4<const NT: usize>(
+        records: *const u8,
+        blocks: usize,
+        x: &Tokens<NT>,
+        t0: usize,
+        at: Place,
+        out: OutPtr,
+    );
+
+    /// [`tile_q4`](Self::tile_q4) for an 8-bit group: quants at `qs`,
+    /// `GROUP` scales per block at `d`.
+    ///
+    /// # Safety
+    /// As [`tile_q4`](Self::tile_q4).
+    unsafe fn tile_q8<const NT: usize>(
+        qs: *const u8,
+        d: *const u16,
+        blocks: usize,
+        x: &Tokens<NT>,
+        t0: usize,
+        at: Place,
+        out: OutPtr,
+    );
+}
+
+/// Tokens that share one pass over a group's records (their sums live in
+/// registers). Eight measured no faster than four with AVX-512 (pp512,
+/// AMD EPYC Zen 5), and AVX2 has only 16 vector registers.
+const TILE_TOKENS: usize = 4;
+
+/// Computes `out[t * n_rows + r]` for `r` in `rows` and every token of
+/// `acts`, for an interleaved matrix of `n_rows` rows with `blocks` blocks
+/// per row, in `K::GROUP`-row groups times tiles of up to
+/// [`TILE_TOKENS`] tokens.
+///
+/// # Safety
+/// The CPU has `K`'s features and the caller enables them (this is inlined
+/// into it); the data is 64-byte aligned ([`AlignedBytes`]); `out` must be
+/// valid for `n_tokens * n_rows` values, and no other thread may write
+/// these rows.
+#[inline(always)]
+pub(crate) unsafe fn gemv_rows<K: GroupTiles>(
+    w: Interleaved,
+    n_rows: usize,
+    blocks: usize,
+    acts: &Q8Acts,
+    n_tokens: usize,
+    rows: Range<usize>,
+    out: OutPtr,
+) {
+    let records = n_rows.div_ceil(K::GROUP) * blocks;
+    match w {
+        Interleaved::Q4(data) => assert!(data.len() >= records * q4_record(K::GROUP)),
+        Interleaved::Q8(qs, d) => {
+            assert!(qs.len() >= records * q8_quants(K::GROUP) && d.len() >= records * K::GROUP)
+        }
+    }
+    for (g, at) in groups(K::GROUP, n_rows, rows) {
+        let mut t0 = 0;
+        while t0 < n_tokens {
+            let nt = (n_tokens - t0).min(TILE_TOKENS);
+            let tile = Tile {
+                w,
+                g,
+                blocks,
+                t0,
+                at,
+                out,
+            };
+            // SAFETY: the caller's contract; the group's records are in
+            // bounds (asserted above) and `acts` holds the tokens.
+            unsafe {
+                match nt {
+                    1 => tile.run::<K, 1>(acts),
+                    2 => tile.run::<K, 2>(acts),
+                    3 => tile.run::<K, 3>(acts),
+                    _ => tile.run::<K, TILE_TOKENS>(acts),
+                }
+            }
+            t0 += nt;
+        }
+    }
+}
+
+/// One group of rows times one tile of tokens, for [`gemv_rows`].
+#[derive(Clone, Copy)]
+struct Tile<'a> {
+    w: Interleaved<'a>,
+    g: usize,
+    blocks: usize,
+    t0: usize,
+    at: Place,
+    out: OutPtr,
+}
+
+impl Tile<'_> {
+    /// Runs the tile with `K`'s kernel for `NT` tokens.
+    ///
+    /// # Safety
+    /// As [`gemv_rows`]; group `g` exists and `acts` holds tokens
+    /// `t0 .. t0 + NT`.
+    #[inline(always)]
+    unsafe fn run<K: GroupTiles, const NT: usize>(self, acts: &Q8Acts) {
+        let Tile {
+            w,
+            g,
+            blocks,
+            t0,
+            at,
+            out,
+        } = self;
+        let x = Tokens::<NT>::new(acts, t0);
+        match w {
+            Interleaved::Q4(data) => {
+                let records = data.as_ptr().add(g * blocks * q4_record(K::GROUP));
+                K::tile_q4(records, blocks, &x, t0, at, out)
+            }
+            Interleaved::Q8(qs, d) => {
+                let qs = qs.as_ptr().add(g * blocks * q8_quants(K::GROUP));
+                let d = d.as_ptr().add(g * blocks * K::GROUP);
+                K::tile_q8(qs, d, blocks, &x, t0, at, out)
+            }
+        }
+    }
+}
+
+/// Where a group's results go: its lanes `lane .. lane + len` are rows
+/// `first .. first + len` of an output with `n_rows` values per token.
+#[derive(Clone, Copy)]
+pub(crate) struct Place {
+    n_rows: usize,
+    first: usize,
+    lane: usize,
+    len: usize,
+}
+
+impl Place {
+    /// Writes the lanes this place names of `lanes`, one token's results
+    /// for the group, as token `t` of `out`.
+    ///
+    /// # Safety
+    /// `out` holds `n_rows` values for token `t`, and no other thread
+    /// writes these rows.
+    #[inline(always)]
+    pub(crate) unsafe fn store(self, lanes: &[f32], t: usize, out: OutPtr) {
+        let dst = out.ptr().add(t * self.n_rows + self.first);
+        std::ptr::copy_nonoverlapping(lanes.as_ptr().add(self.lane), dst, self.len);
+    }
+}
+
+/// The groups of `group` rows that `rows` (of a matrix of `n_rows`) touches,
+/// with the place of each one's results. Groups that `rows` covers only in
+/// part are computed whole and stored in part.
+pub(crate) fn groups(
+    group: usize,
+    n_rows: usize,
+    rows: Range<usize>,
+) -> impl Iterator<Item = (usize, Place)> {
+    assert!(
+        rows.end <= n_rows,
+        "rows {rows:?} past the matrix's {n_rows}"
+    );
+    (rows.start / group..rows.end.div_ceil(group)).map(move |g| {
+        let first = (g * group).max(rows.start);
+        let place = Place {
+            n_rows,
+            first,
+            lane: first - g * group,
+            len: ((g + 1) * group).min(rows.end) - first,
+        };
+        (g, place)
+    })
+}
+
+/// Tokens `t0 .. t0 + NT` of a [`Q8Acts`]: per token its quants, block
+/// scales, block `d * sum(q)` and block `sum(q)`.
+pub(crate) struct Tokens<const NT: usize> {
+    /// Quants.
+    pub(crate) xq: [*const i8; NT],
+    /// Block scales.
+    pub(crate) dx: [*const f32; NT],
+    /// Block `d * sum(q)`.
+    pub(crate) sx: [*const f32; NT],
+    /// Block `sum(q)`.
+    pub(crate) sums: [*const i32; NT],
+}
+
+impl<const NT: usize> Tokens<NT> {
+    /// Tokens `t0 .. t0 + NT` of `acts`.
+    pub(crate) fn new(acts: &Q8Acts, t0: usize) -> Tokens<NT> {
+        let mut x = Tokens {
+            xq: [std::ptr::null(); NT],
+            dx: [std::ptr::null(); NT],
+            sx: [std::ptr::null(); NT],
+            sums: [std::ptr::null(); NT],
+        };
+        for t in 0..NT {
+            x.xq[t] = acts.row_qs(t0 + t).as_ptr();
+            let (d, s) = acts.row_scales(t0 + t);
+            (x.dx[t], x.sx[t]) = (d.as_ptr(), s.as_ptr());
+            x.sums[t] = acts.row_sums(t0 + t).as_ptr();
+        }
+        x
+    }
+
+    /// Token `t`'s four activation bytes from column `col`, as one word.
+    ///
+    /// # Safety
+    /// `col + 4` is within the token's row.
+    #[inline(always)]
+    pub(crate) unsafe fn word(&self, t: usize, col: usize) -> i32 {
+        self.xq[t].add(col).cast::<i32>().read_unaligned()
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::{AVX2_GROUP, AVX512_GROUP};
     use crate::kernels::testutil::{random_gguf_bytes, Rng};
     use crate::kernels::weights::tests::tensor;
     use crate::kernels::weights::Packed;
     use crate::kernels::{CpuKernels, WeightMatrix};
     use crate::model::DType;
 
-    /// The interleaved layouts hold the same values as the row-major ones,
-    /// in every row of a matrix whose last group of eight is partial.
+    /// The interleaved layouts of both widths hold the same values as the
+    /// row-major one, in every row of a matrix whose last group is partial.
     #[test]
     fn interleaved_rows_dequantize_like_row_major() {
         let mut rng = Rng::new(3);
@@ -144,18 +426,28 @@ mod tests {
                 random_gguf_bytes(&mut rng, dtype, rows, cols),
             );
             let plain = WeightMatrix::from_tensor_for(&t, CpuKernels::Scalar).unwrap();
-            let mixed = WeightMatrix::from_tensor_for(&t, CpuKernels::Avx2).unwrap();
             assert!(matches!(plain.data, Packed::Q4 { .. } | Packed::Q8 { .. }));
-            assert!(matches!(mixed.data, Packed::Q4x8(_) | Packed::Q8x8 { .. }));
-            let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
-            for r in 0..rows {
-                plain.dequantize_row(r, &mut a);
-                mixed.dequantize_row(r, &mut b);
-                assert_eq!(a, b, "{dtype:?} row {r}");
+            for group in [AVX2_GROUP, AVX512_GROUP] {
+                let mixed = WeightMatrix::from_tensor_in(&t, Some(group)).unwrap();
+                assert!(matches!(
+                    mixed.data,
+                    Packed::Q4Interleaved { group: g, .. } | Packed::Q8Interleaved { group: g, .. }
+                        if g == group
+                ));
+                let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
+                for r in 0..rows {
+                    plain.dequantize_row(r, &mut a);
+                    mixed.dequantize_row(r, &mut b);
+                    assert_eq!(a, b, "{dtype:?} group {group} row {r}");
+                }
+                let mut part = vec![0f32; 32];
+                mixed.dequantize_range(12, 64, &mut part);
+                assert_eq!(
+                    part,
+                    a[64..],
+                    "{dtype:?} group {group} last block of the last row"
+                );
             }
-            let mut part = vec![0f32; 32];
-            mixed.dequantize_range(12, 64, &mut part);
-            assert_eq!(part, a[64..], "{dtype:?} last block of the last row");
         }
     }
 }

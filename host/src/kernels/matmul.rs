@@ -6,6 +6,7 @@ use std::ops::Range;
 use super::cpu::CpuKernels;
 use super::gemm::{gemm_panels, NR};
 use super::gemv::gemv_rows;
+use super::interleaved::AVX512_GROUP;
 use super::quant::Q8Acts;
 use super::weights::Packed;
 use super::{OutPtr, ThreadPool, WeightMatrix};
@@ -91,7 +92,10 @@ pub fn matmul_on(
     let out = OutPtr::new(out);
     let quantized = matches!(
         w.data,
-        Packed::Q4 { .. } | Packed::Q4x8(_) | Packed::Q8 { .. } | Packed::Q8x8 { .. }
+        Packed::Q4 { .. }
+            | Packed::Q4Interleaved { .. }
+            | Packed::Q8 { .. }
+            | Packed::Q8Interleaved { .. }
     );
     let integer = quantized && path != MatmulPath::Gemm;
     if integer {
@@ -99,9 +103,10 @@ pub fn matmul_on(
             let mut acts = acts.borrow_mut();
             acts.quantize(x, n_tokens, cols);
             let acts = &*acts;
-            // Whole groups of eight rows, so no thread computes a group of
-            // the interleaved layout that another also computes.
-            pool.run(|i, n| gemv_rows(kernels, w, acts, n_tokens, split(rows, 8, i, n), out));
+            // Whole groups of interleaved rows, so no thread computes a
+            // group that another also computes.
+            let unit = AVX512_GROUP;
+            pool.run(|i, n| gemv_rows(kernels, w, acts, n_tokens, split(rows, unit, i, n), out));
         });
     } else {
         let (panels, simd) = (rows.div_ceil(NR), kernels >= CpuKernels::Avx2);
@@ -121,6 +126,7 @@ fn split(total: usize, unit: usize, i: usize, n: usize) -> Range<usize> {
 mod tests {
     use super::*;
     use crate::kernels::gemv::gemv_rows_scalar;
+    use crate::kernels::interleaved::AVX2_GROUP;
     use crate::kernels::testutil::{random_gguf_bytes, Rng};
     use crate::kernels::weights::tests::tensor;
     use crate::model::DType;
@@ -247,11 +253,12 @@ mod tests {
 
     /// Every kernel family this CPU has gives the scalar path's result bit
     /// for bit (so a token's logits do not depend on the CPU or a forced
-    /// path), from the row-major and from the interleaved 4-bit layout:
+    /// path), from the row-major layout and both interleaved ones (groups
+    /// of 8 and 16 rows):
     /// random weights of every quantized type, the model's shapes (fused
     /// qkv and gate/up, o, down, a slice of the LM head's rows) and odd ones
     /// (1 and 5 blocks, a 9-block row with a 1-block tail, 65 blocks; row
-    /// counts that leave a partial group of eight), for 1 to 11 tokens
+    /// counts that leave a partial group), for 1 to 11 tokens
     /// (every tail of the 4-token tiles) and prefill-size batches, split
     /// between two "threads" at a row inside a group.
     #[test]
@@ -277,8 +284,8 @@ mod tests {
                     random_gguf_bytes(&mut rng, dtype, rows, cols),
                 );
                 // Scalar's layout is row after row; AVX2's interleaves rows.
-                let layouts = [CpuKernels::Scalar, CpuKernels::Avx2]
-                    .map(|k| WeightMatrix::from_tensor_for(&t, k).unwrap());
+                let layouts = [None, Some(AVX2_GROUP), Some(AVX512_GROUP)]
+                    .map(|g| WeightMatrix::from_tensor_in(&t, g).unwrap());
                 let big = if rows * cols <= 576 * 576 { 512 } else { 64 };
                 for n in (1..=11).chain([big]) {
                     let mut x = rng.normals(n * cols);
@@ -302,10 +309,14 @@ mod tests {
                             .iter()
                             .zip(&want)
                             .position(|(g, w)| g.to_bits() != w.to_bits());
-                        let interleaved = matches!(w.data, Packed::Q4x8(_) | Packed::Q8x8 { .. });
+                        let group = match w.data {
+                            Packed::Q4Interleaved { group, .. }
+                            | Packed::Q8Interleaved { group, .. } => group,
+                            _ => 1,
+                        };
                         assert!(
                             first.is_none(),
-                            "{kernels:?} {dtype:?} interleaved={interleaved} {rows}x{cols} n={n}: element {first:?} differs: {} vs {}",
+                            "{kernels:?} {dtype:?} {group}-row groups {rows}x{cols} n={n}: element {first:?} differs: {} vs {}",
                             got[first.unwrap()],
                             want[first.unwrap()]
                         );

@@ -13,8 +13,8 @@
 //!   overhead while busy and 0% CPU while idle.
 //!
 //! x86-64 CPUs with AVX2 + FMA + F16C get SIMD versions, and those with
-//! AVX-512 VNNI too get `vpdpbusd` versions of the quantized matmuls, chosen
-//! at run time ([`CpuKernels`]; `HOST_CPU_KERNELS` forces a family); every
+//! AVX-512 VNNI (or AVX-VNNI) too get `vpdpbusd` versions of the quantized
+//! matmuls, chosen at run time ([`CpuKernels`]; `HOST_CPU_KERNELS` forces a family); every
 //! other CPU runs the portable scalar versions, which are also the
 //! references the SIMD versions are tested against. The quantized matmuls
 //! give bit-identical results on every family.
@@ -26,9 +26,9 @@ mod gemv;
 #[cfg(target_arch = "x86_64")]
 mod gemv_avx2;
 #[cfg(target_arch = "x86_64")]
-mod gemv_avx512;
-#[cfg(target_arch = "x86_64")]
 mod gemv_simd;
+#[cfg(target_arch = "x86_64")]
+mod gemv_x16_avx512;
 #[cfg(target_arch = "x86_64")]
 mod gemv_x8_avx2;
 mod interleaved;

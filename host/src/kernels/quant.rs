@@ -3,8 +3,8 @@
 //! scale `d = max|x| / 127`, the rounded quotients `q = x / d`, and
 //! `s = d * sum(q)`, which lets a 4-bit block with a minimum `m` contribute
 //! `m * s` without touching the quants again. The integer sums themselves
-//! are kept too: the AVX-512 VNNI kernel biases signed Q8_0 weights by +128
-//! to make them unsigned and subtracts `128 * sum(q)` again, exactly.
+//! are kept too: the AVX-512 VNNI kernels bias signed Q8_0 weights by +128
+//! to make them unsigned and subtract `128 * sum(q)` again, exactly.
 
 use super::aligned::AlignedBytes;
 use super::weights::QK;
@@ -20,15 +20,6 @@ pub(crate) struct Q8Acts {
     pub(crate) s: Vec<f32>,
     /// Per-block `sum(q)`, laid out like `d`.
     pub(crate) sums: Vec<i32>,
-    /// The quants again, reordered for the AVX-512 VNNI 4-bit kernel (built
-    /// only on CPUs that run it): per group of four blocks, the first 16
-    /// quants of each block, then the last 16 of each. A 4-bit block keeps
-    /// quants `j` and `j + 16` in one byte, so after splitting 64 bytes of
-    /// weights into low and high nibbles they line up with these without
-    /// a shuffle. Rows are `half_stride` bytes, zero padded.
-    pub(crate) halves: AlignedBytes,
-    /// Bytes per row of `halves`: the blocks rounded up to a multiple of 4.
-    pub(crate) half_stride: usize,
     /// Values per row.
     pub(crate) cols: usize,
     /// Distance between rows of `d` and `s`: blocks per row rounded up to a
@@ -51,7 +42,6 @@ impl Q8Acts {
         self.s.resize(n_tokens * self.stride, 0.0);
         self.sums.clear();
         self.sums.resize(n_tokens * self.stride, 0);
-        self.half_stride = blocks.div_ceil(4) * 4 * QK;
         let qs = self.qs.as_mut_slice();
         for t in 0..n_tokens {
             for b in 0..blocks {
@@ -60,26 +50,6 @@ impl Q8Acts {
                 self.d[t * self.stride + b] = d;
                 self.s[t * self.stride + b] = d * sum as f32;
                 self.sums[t * self.stride + b] = sum;
-            }
-        }
-        if super::cpu::CpuKernels::Avx512Vnni.is_supported() {
-            self.reorder_halves(n_tokens);
-        }
-    }
-
-    /// Fills `halves` from `qs` (see the field).
-    fn reorder_halves(&mut self, n_tokens: usize) {
-        let (cols, stride) = (self.cols, self.half_stride);
-        self.halves.resize(n_tokens * stride);
-        let halves = self.halves.as_mut_slice();
-        halves.fill(0);
-        let qs = self.qs.as_slice();
-        for t in 0..n_tokens {
-            for b in 0..cols / QK {
-                let src = &qs[t * cols + b * QK..][..QK];
-                let at = t * stride + (b / 4) * 4 * QK + (b % 4) * QK / 2;
-                halves[at..at + QK / 2].copy_from_slice(&src[..QK / 2]);
-                halves[at + 2 * QK..at + 2 * QK + QK / 2].copy_from_slice(&src[QK / 2..]);
             }
         }
     }
@@ -95,18 +65,6 @@ impl Q8Acts {
     pub(crate) fn row_scales(&self, t: usize) -> (&[f32], &[f32]) {
         let r = t * self.stride..(t + 1) * self.stride;
         (&self.d[r.clone()], &self.s[r])
-    }
-
-    /// Row `t` of `halves` (`half_stride` long; empty unless the CPU runs
-    /// the AVX-512 VNNI kernels).
-    pub(crate) fn row_halves(&self, t: usize) -> &[i8] {
-        let bytes = self
-            .halves
-            .as_slice()
-            .get(t * self.half_stride..(t + 1) * self.half_stride);
-        let bytes = bytes.unwrap_or_default();
-        // SAFETY: i8 and u8 have the same size and alignment.
-        unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<i8>(), bytes.len()) }
     }
 
     /// The integer block sums of row `t` (`stride` long).

@@ -8,15 +8,16 @@
 //! converted by one F16C instruction. Q4_0 is stored as Q4_1 with the
 //! minimum `m = -8 d`, so one 4-bit kernel serves both.
 //!
-//! The AVX2 family wants quantized matrices with eight rows interleaved
-//! ([`Packed::Q4x8`], [`Packed::Q8x8`]); [`WeightMatrix::from_tensor_for`]
-//! repacks them so at load (the same bytes again, never a second copy).
+//! The AVX2 and AVX-512 families want quantized matrices with groups of
+//! rows interleaved ([`Packed::Q4Interleaved`], [`Packed::Q8Interleaved`]);
+//! [`WeightMatrix::from_tensor_for`] repacks them so at load (the same
+//! bytes again, never a second copy).
 
 use half::{bf16, f16};
 
 use super::aligned::AlignedBytes;
 use super::cpu::CpuKernels;
-use super::interleaved::{interleave_q4, interleave_q8, q4x8_block, q8x8_block};
+use super::interleaved::{interleave_q4, interleave_q8, q4_block_at, q8_block_at};
 use super::KernelError;
 use crate::model::{DType, Tensor};
 
@@ -59,12 +60,16 @@ pub(crate) enum Packed {
         d: Vec<u16>,
         m: Vec<u16>,
     },
-    /// `Q4` with eight rows interleaved, scales beside their quants (see
+    /// `Q4` with `group` rows interleaved, scales beside their quants (see
     /// [`interleaved`](super::interleaved)).
-    Q4x8(AlignedBytes),
-    /// `Q8` with eight rows interleaved (see [`interleaved`](super::interleaved)):
-    /// `d` holds the eight rows' scales of each block, group after group.
-    Q8x8 { qs: AlignedBytes, d: Vec<u16> },
+    Q4Interleaved { data: AlignedBytes, group: usize },
+    /// `Q8` with `group` rows interleaved (see [`interleaved`](super::interleaved)):
+    /// `d` holds the group's scales of each block, group after group.
+    Q8Interleaved {
+        qs: AlignedBytes,
+        d: Vec<u16>,
+        group: usize,
+    },
 }
 
 impl WeightMatrix {
@@ -78,6 +83,15 @@ impl WeightMatrix {
     /// Every family computes the same bits from either layout; the layout
     /// only decides speed (tests and benchmarks choose it).
     pub fn from_tensor_for(t: &Tensor, kernels: CpuKernels) -> Result<WeightMatrix, KernelError> {
+        WeightMatrix::from_tensor_in(t, kernels.interleave_group())
+    }
+
+    /// [`from_tensor`](Self::from_tensor) with quantized matrices in groups
+    /// of `group` interleaved rows, or row after row for `None`.
+    pub(crate) fn from_tensor_in(
+        t: &Tensor,
+        group: Option<usize>,
+    ) -> Result<WeightMatrix, KernelError> {
         if t.shape.len() != 2 || t.shape.contains(&0) {
             return Err(KernelError::NotAMatrix {
                 name: t.name.clone(),
@@ -113,14 +127,14 @@ impl WeightMatrix {
             DType::F16 => Packed::F16(u16s(bytes)),
             DType::BF16 => Packed::BF16(u16s(bytes)),
             // Straight from the checkpoint's blocks: no row-major copy first.
-            DType::Q8_0 if kernels.interleaves_rows() => {
-                interleave_q8(rows, cols / QK, |i| q8_0_block(bytes, i))
-            }
-            DType::Q4_0 | DType::Q4_1 if kernels.interleaves_rows() => {
-                interleave_q4(rows, cols / QK, |i| q4_block(bytes, t.dtype, i))
-            }
-            DType::Q8_0 => repack_q8_0(bytes),
-            DType::Q4_0 | DType::Q4_1 => repack_q4(bytes, t.dtype),
+            DType::Q8_0 => match group {
+                Some(g) => interleave_q8(g, rows, cols / QK, |i| q8_0_block(bytes, i)),
+                None => repack_q8_0(bytes),
+            },
+            DType::Q4_0 | DType::Q4_1 => match group {
+                Some(g) => interleave_q4(g, rows, cols / QK, |i| q4_block(bytes, t.dtype, i)),
+                None => repack_q4(bytes, t.dtype),
+            },
         };
         Ok(WeightMatrix {
             rows,
@@ -190,10 +204,11 @@ impl WeightMatrix {
                     dequantize_q8(q, f16_to_f32(d[start / QK + b]), o);
                 }
             }
-            Packed::Q8x8 { qs, d } => {
+            Packed::Q8Interleaved { qs, d, group } => {
                 debug_assert!(k0.is_multiple_of(QK) && n.is_multiple_of(QK));
                 for (b, o) in out.chunks_exact_mut(QK).enumerate() {
-                    let (q, d) = q8x8_block(qs.as_slice(), d, self.cols / QK, row, k0 / QK + b);
+                    let data = (qs.as_slice(), d.as_slice());
+                    let (q, d) = q8_block_at(data, *group, self.cols / QK, row, k0 / QK + b);
                     dequantize_q8(&q, f16_to_f32(d), o);
                 }
             }
@@ -210,10 +225,11 @@ impl WeightMatrix {
                     dequantize_q4(q, scale, min, o);
                 }
             }
-            Packed::Q4x8(data) => {
+            Packed::Q4Interleaved { data, group } => {
                 debug_assert!(k0.is_multiple_of(QK) && n.is_multiple_of(QK));
                 for (b, o) in out.chunks_exact_mut(QK).enumerate() {
-                    let (q, d, m) = q4x8_block(data.as_slice(), self.cols / QK, row, k0 / QK + b);
+                    let (q, d, m) =
+                        q4_block_at(data.as_slice(), *group, self.cols / QK, row, k0 / QK + b);
                     dequantize_q4(&q, f16_to_f32(d), f16_to_f32(m), o);
                 }
             }
