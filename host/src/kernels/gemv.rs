@@ -11,7 +11,7 @@ use std::ops::Range;
 use super::cpu::CpuKernels;
 use super::interleaved::{q4_block_at, q8_block_at};
 #[cfg(target_arch = "x86_64")]
-use super::interleaved::{Interleaved, AVX2_GROUP, AVX512_GROUP};
+use super::interleaved::{Interleaved, Job, AVX2_GROUP, AVX512_GROUP};
 use super::quant::Q8Acts;
 use super::weights::{f16_to_f32, Packed, WeightMatrix, QK};
 use super::OutPtr;
@@ -83,18 +83,22 @@ fn gemv_interleaved(
     rows: Range<usize>,
     out: OutPtr,
 ) {
-    let (n_rows, blocks) = (w.rows(), w.cols() / QK);
+    let job = Job {
+        w: data,
+        n_rows: w.rows(),
+        blocks: w.cols() / QK,
+        acts,
+        n_tokens,
+        rows,
+        out,
+    };
     match (group, kernels) {
         // SAFETY: the caller checked the family is supported; `AlignedBytes`
         // start 64-byte aligned.
-        (AVX2_GROUP, _) => unsafe {
-            super::gemv_x8_avx2::gemv_rows(data, n_rows, blocks, acts, n_tokens, rows, out)
-        },
+        (AVX2_GROUP, _) => unsafe { super::gemv_x8_avx2::gemv_rows(job) },
         // SAFETY: as above.
-        (AVX512_GROUP, CpuKernels::Avx512Vnni) => unsafe {
-            super::gemv_x16_avx512::gemv_rows(data, n_rows, blocks, acts, n_tokens, rows, out)
-        },
-        _ => gemv_rows_scalar(w, acts, n_tokens, rows, out),
+        (AVX512_GROUP, CpuKernels::Avx512Vnni) => unsafe { super::gemv_x16_avx512::gemv_rows(job) },
+        _ => gemv_rows_scalar(w, acts, n_tokens, job.rows, out),
     }
 }
 

@@ -22,34 +22,19 @@
 //! bit for bit [`gemv_rows_scalar`](super::gemv::gemv_rows_scalar)'s.
 
 use std::arch::x86_64::*;
-use std::ops::Range;
 
-use super::interleaved::{
-    q4_record, q8_quants, GroupTiles, Interleaved, Place, Tokens, AVX512_GROUP,
-};
-use super::quant::Q8Acts;
+use super::interleaved::{q4_record, q8_quants, GroupTiles, Job, Place, Tokens, AVX512_GROUP};
 use super::weights::QK;
-use super::OutPtr;
 
-/// Computes `out[t * n_rows + r]` for `r` in `rows` and every token of
-/// `acts`, for a matrix of `n_rows` rows with `blocks` blocks per row in
-/// groups of [`AVX512_GROUP`] rows.
+/// Runs `job` on a matrix in groups of [`AVX512_GROUP`] rows.
 ///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VNNI and F16C (the caller's check);
 /// the data must be 64-byte aligned; `out` must be valid for
 /// `n_tokens * n_rows` values, and no other thread may write these rows.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn gemv_rows(
-    w: Interleaved,
-    n_rows: usize,
-    blocks: usize,
-    acts: &Q8Acts,
-    n_tokens: usize,
-    rows: Range<usize>,
-    out: OutPtr,
-) {
-    super::interleaved::gemv_rows::<Avx512>(w, n_rows, blocks, acts, n_tokens, rows, out);
+pub(crate) unsafe fn gemv_rows(job: Job) {
+    super::interleaved::gemv_rows::<Avx512>(job);
 }
 
 /// The AVX-512 VNNI [`GroupTiles`].
@@ -69,9 +54,7 @@ impl GroupTiles for Avx512 {
         records: *const u8,
         blocks: usize,
         x: &Tokens<NT>,
-        t0: usize,
         at: Place,
-        out: OutPtr,
     ) {
         let low4 = _mm512_set1_epi8(0x0F);
         let mut acc = [_mm512_setzero_ps(); NT];
@@ -99,7 +82,7 @@ impl GroupTiles for Avx512 {
                 acc[t] = _mm512_add_ps(acc[t], term);
             }
         }
-        store(acc, t0, at, out);
+        store(acc, x.t0, at);
     }
 
     #[inline(always)]
@@ -108,9 +91,7 @@ impl GroupTiles for Avx512 {
         d: *const u16,
         blocks: usize,
         x: &Tokens<NT>,
-        t0: usize,
         at: Place,
-        out: OutPtr,
     ) {
         let bias = _mm512_set1_epi8(-128);
         let mut acc = [_mm512_setzero_ps(); NT];
@@ -134,16 +115,16 @@ impl GroupTiles for Avx512 {
                 acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(scale, isum));
             }
         }
-        store(acc, t0, at, out);
+        store(acc, x.t0, at);
     }
 }
 
 /// Stores the lanes `at` names of each token's accumulator.
 #[inline(always)]
-unsafe fn store<const NT: usize>(acc: [__m512; NT], t0: usize, at: Place, out: OutPtr) {
+unsafe fn store<const NT: usize>(acc: [__m512; NT], t0: usize, at: Place) {
     for (t, acc) in acc.into_iter().enumerate() {
         let mut lanes = [0f32; AVX512_GROUP];
         _mm512_storeu_ps(lanes.as_mut_ptr(), acc);
-        at.store(&lanes, t0 + t, out);
+        at.store(&lanes, t0 + t);
     }
 }

@@ -26,34 +26,19 @@
 //! bit for bit [`gemv_rows_scalar`](super::gemv::gemv_rows_scalar)'s.
 
 use std::arch::x86_64::*;
-use std::ops::Range;
 
-use super::interleaved::{
-    q4_record, q8_quants, GroupTiles, Interleaved, Place, Tokens, AVX2_GROUP,
-};
-use super::quant::Q8Acts;
+use super::interleaved::{q4_record, q8_quants, GroupTiles, Job, Place, Tokens, AVX2_GROUP};
 use super::weights::QK;
-use super::OutPtr;
 
-/// Computes `out[t * n_rows + r]` for `r` in `rows` and every token of
-/// `acts`, for a matrix of `n_rows` rows with `blocks` blocks per row in
-/// groups of [`AVX2_GROUP`] rows.
+/// Runs `job` on a matrix in groups of [`AVX2_GROUP`] rows.
 ///
 /// # Safety
 /// The CPU must support AVX2 and F16C (the caller's check); the data must
 /// be 64-byte aligned; `out` must be valid for `n_tokens * n_rows` values,
 /// and no other thread may write these rows.
 #[target_feature(enable = "avx2,f16c")]
-pub(crate) unsafe fn gemv_rows(
-    w: Interleaved,
-    n_rows: usize,
-    blocks: usize,
-    acts: &Q8Acts,
-    n_tokens: usize,
-    rows: Range<usize>,
-    out: OutPtr,
-) {
-    super::interleaved::gemv_rows::<Avx2>(w, n_rows, blocks, acts, n_tokens, rows, out);
+pub(crate) unsafe fn gemv_rows(job: Job) {
+    super::interleaved::gemv_rows::<Avx2>(job);
 }
 
 /// The AVX2 [`GroupTiles`].
@@ -73,11 +58,9 @@ impl GroupTiles for Avx2 {
         records: *const u8,
         blocks: usize,
         x: &Tokens<NT>,
-        t0: usize,
         at: Place,
-        out: OutPtr,
     ) {
-        store(tile_q4(records, blocks, x), t0, at, out);
+        store(tile_q4(records, blocks, x), x.t0, at);
     }
 
     #[inline(always)]
@@ -86,11 +69,9 @@ impl GroupTiles for Avx2 {
         d: *const u16,
         blocks: usize,
         x: &Tokens<NT>,
-        t0: usize,
         at: Place,
-        out: OutPtr,
     ) {
-        store(tile_q8(qs, d, blocks, x), t0, at, out);
+        store(tile_q8(qs, d, blocks, x), x.t0, at);
     }
 }
 
@@ -168,10 +149,10 @@ unsafe fn tile_q8<const NT: usize>(
 
 /// Stores the lanes `at` names of each token's accumulator.
 #[inline(always)]
-unsafe fn store<const NT: usize>(acc: [__m256; NT], t0: usize, at: Place, out: OutPtr) {
+unsafe fn store<const NT: usize>(acc: [__m256; NT], t0: usize, at: Place) {
     for (t, acc) in acc.into_iter().enumerate() {
         let mut lanes = [0f32; AVX2_GROUP];
         _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
-        at.store(&lanes, t0 + t, out);
+        at.store(&lanes, t0 + t);
     }
 }

@@ -181,8 +181,8 @@ pub(crate) trait GroupTiles {
     /// Rows per group: the layout this kernel reads.
     const GROUP: usize;
 
-    /// Tokens `t0 .. t0 + NT` (`x`) times the `blocks` records of one 4-bit
-    /// group starting at `records`; stores the results at `at`.
+    /// The tokens of `x` times the `blocks` records of one 4-bit group
+    /// starting at `records`; stores the results at `at`.
     ///
     /// # Safety
     /// The CPU has the kernel's features; `records` holds the group's
@@ -192,9 +192,7 @@ pub(crate) trait GroupTiles {
         records: *const u8,
         blocks: usize,
         x: &Tokens<NT>,
-        t0: usize,
         at: Place,
-        out: OutPtr,
     );
 
     /// [`tile_q4`](Self::tile_q4) for an 8-bit group: quants at `qs`,
@@ -207,9 +205,7 @@ pub(crate) trait GroupTiles {
         d: *const u16,
         blocks: usize,
         x: &Tokens<NT>,
-        t0: usize,
         at: Place,
-        out: OutPtr,
     );
 }
 
@@ -218,10 +214,29 @@ pub(crate) trait GroupTiles {
 /// AMD EPYC Zen 5), and AVX2 has only 16 vector registers.
 const TILE_TOKENS: usize = 4;
 
-/// Computes `out[t * n_rows + r]` for `r` in `rows` and every token of
-/// `acts`, for an interleaved matrix of `n_rows` rows with `blocks` blocks
-/// per row, in `K::GROUP`-row groups times tiles of up to
-/// [`TILE_TOKENS`] tokens.
+/// One multiplication by an interleaved matrix: rows `rows` of `w` (`n_rows`
+/// rows of `blocks` blocks) times the `n_tokens` tokens of `acts`, written
+/// to `out[t * n_rows + r]`.
+pub(crate) struct Job<'a> {
+    /// The matrix's data.
+    pub(crate) w: Interleaved<'a>,
+    /// Its rows.
+    pub(crate) n_rows: usize,
+    /// Its blocks per row.
+    pub(crate) blocks: usize,
+    /// The quantized activations.
+    pub(crate) acts: &'a Q8Acts,
+    /// How many tokens `acts` holds.
+    pub(crate) n_tokens: usize,
+    /// The rows to compute.
+    pub(crate) rows: Range<usize>,
+    /// The output, `n_tokens * n_rows` values.
+    pub(crate) out: OutPtr,
+}
+
+/// Runs `job` in `K::GROUP`-row groups times tiles of up to
+/// [`TILE_TOKENS`] tokens. Groups that `rows` covers only in part are
+/// computed whole and stored in part.
 ///
 /// # Safety
 /// The CPU has `K`'s features and the caller enables them (this is inlined
@@ -229,15 +244,16 @@ const TILE_TOKENS: usize = 4;
 /// valid for `n_tokens * n_rows` values, and no other thread may write
 /// these rows.
 #[inline(always)]
-pub(crate) unsafe fn gemv_rows<K: GroupTiles>(
-    w: Interleaved,
-    n_rows: usize,
-    blocks: usize,
-    acts: &Q8Acts,
-    n_tokens: usize,
-    rows: Range<usize>,
-    out: OutPtr,
-) {
+pub(crate) unsafe fn gemv_rows<K: GroupTiles>(job: Job) {
+    let Job {
+        w,
+        n_rows,
+        blocks,
+        acts,
+        n_tokens,
+        rows,
+        out,
+    } = job;
     let records = n_rows.div_ceil(K::GROUP) * blocks;
     match w {
         Interleaved::Q4(data) => assert!(data.len() >= records * q4_record(K::GROUP)),
@@ -245,7 +261,7 @@ pub(crate) unsafe fn gemv_rows<K: GroupTiles>(
             assert!(qs.len() >= records * q8_quants(K::GROUP) && d.len() >= records * K::GROUP)
         }
     }
-    for (g, at) in groups(K::GROUP, n_rows, rows) {
+    for (g, at) in groups(K::GROUP, n_rows, rows, out) {
         let mut t0 = 0;
         while t0 < n_tokens {
             let nt = (n_tokens - t0).min(TILE_TOKENS);
@@ -255,7 +271,6 @@ pub(crate) unsafe fn gemv_rows<K: GroupTiles>(
                 blocks,
                 t0,
                 at,
-                out,
             };
             // SAFETY: the caller's contract; the group's records are in
             // bounds (asserted above) and `acts` holds the tokens.
@@ -280,7 +295,6 @@ struct Tile<'a> {
     blocks: usize,
     t0: usize,
     at: Place,
-    out: OutPtr,
 }
 
 impl Tile<'_> {
@@ -297,27 +311,27 @@ impl Tile<'_> {
             blocks,
             t0,
             at,
-            out,
         } = self;
         let x = Tokens::<NT>::new(acts, t0);
         match w {
             Interleaved::Q4(data) => {
                 let records = data.as_ptr().add(g * blocks * q4_record(K::GROUP));
-                K::tile_q4(records, blocks, &x, t0, at, out)
+                K::tile_q4(records, blocks, &x, at)
             }
             Interleaved::Q8(qs, d) => {
                 let qs = qs.as_ptr().add(g * blocks * q8_quants(K::GROUP));
                 let d = d.as_ptr().add(g * blocks * K::GROUP);
-                K::tile_q8(qs, d, blocks, &x, t0, at, out)
+                K::tile_q8(qs, d, blocks, &x, at)
             }
         }
     }
 }
 
 /// Where a group's results go: its lanes `lane .. lane + len` are rows
-/// `first .. first + len` of an output with `n_rows` values per token.
+/// `first .. first + len` of `out`, which has `n_rows` values per token.
 #[derive(Clone, Copy)]
 pub(crate) struct Place {
+    out: OutPtr,
     n_rows: usize,
     first: usize,
     lane: usize,
@@ -326,25 +340,25 @@ pub(crate) struct Place {
 
 impl Place {
     /// Writes the lanes this place names of `lanes`, one token's results
-    /// for the group, as token `t` of `out`.
+    /// for the group, as token `t` of the output.
     ///
     /// # Safety
-    /// `out` holds `n_rows` values for token `t`, and no other thread
+    /// The output holds `n_rows` values for token `t`, and no other thread
     /// writes these rows.
     #[inline(always)]
-    pub(crate) unsafe fn store(self, lanes: &[f32], t: usize, out: OutPtr) {
-        let dst = out.ptr().add(t * self.n_rows + self.first);
+    pub(crate) unsafe fn store(self, lanes: &[f32], t: usize) {
+        let dst = self.out.ptr().add(t * self.n_rows + self.first);
         std::ptr::copy_nonoverlapping(lanes.as_ptr().add(self.lane), dst, self.len);
     }
 }
 
 /// The groups of `group` rows that `rows` (of a matrix of `n_rows`) touches,
-/// with the place of each one's results. Groups that `rows` covers only in
-/// part are computed whole and stored in part.
-pub(crate) fn groups(
+/// with the place in `out` of each one's results.
+fn groups(
     group: usize,
     n_rows: usize,
     rows: Range<usize>,
+    out: OutPtr,
 ) -> impl Iterator<Item = (usize, Place)> {
     assert!(
         rows.end <= n_rows,
@@ -353,6 +367,7 @@ pub(crate) fn groups(
     (rows.start / group..rows.end.div_ceil(group)).map(move |g| {
         let first = (g * group).max(rows.start);
         let place = Place {
+            out,
             n_rows,
             first,
             lane: first - g * group,
@@ -365,6 +380,8 @@ pub(crate) fn groups(
 /// Tokens `t0 .. t0 + NT` of a [`Q8Acts`]: per token its quants, block
 /// scales, block `d * sum(q)` and block `sum(q)`.
 pub(crate) struct Tokens<const NT: usize> {
+    /// The first token's index.
+    pub(crate) t0: usize,
     /// Quants.
     pub(crate) xq: [*const i8; NT],
     /// Block scales.
@@ -379,6 +396,7 @@ impl<const NT: usize> Tokens<NT> {
     /// Tokens `t0 .. t0 + NT` of `acts`.
     pub(crate) fn new(acts: &Q8Acts, t0: usize) -> Tokens<NT> {
         let mut x = Tokens {
+            t0,
             xq: [std::ptr::null(); NT],
             dx: [std::ptr::null(); NT],
             sx: [std::ptr::null(); NT],
