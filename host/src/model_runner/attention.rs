@@ -3,9 +3,17 @@
 //! A query at position `p` of a sequence attends to positions `0..=p` of the
 //! same sequence, which it finds through the block table; query head `h`
 //! reads KV head `h / (heads / kv_heads)` (grouped-query attention). The work
-//! is cut into items of (sequence, query head, run of queries) and threads
+//! is cut into items of (sequence, query heads, run of queries) and threads
 //! take items from a shared counter, longest first, so a long prefill chunk
 //! and a handful of decodes in the same step keep both cores busy.
+//!
+//! An item holds every query head of one KV head when the step has work
+//! enough to keep the threads busy that way, so each K and V tile is read
+//! once for all the heads that share it (three for the default model)
+//! rather than once per head; a step too small for that (a single decode)
+//! gets one item per query head instead. Either way each (query, head)
+//! goes through the same operations in the same order, so the items'
+//! shape never changes a result.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -32,8 +40,10 @@ pub(crate) struct SeqSpan {
 pub(crate) struct WorkItem {
     /// Index into the step's sequences.
     seq: usize,
-    /// Query head.
+    /// First query head; all of `head .. head + heads` share one KV head.
     head: usize,
+    /// Query heads.
+    heads: usize,
     /// First query (within the sequence's query tokens).
     q_begin: usize,
     /// One past the last query.
@@ -41,17 +51,30 @@ pub(crate) struct WorkItem {
 }
 
 /// Fills `items` with the step's work, costliest first (late queries of
-/// long contexts attend to more keys). Depends only on the batch, so it is
-/// built once per step and shared by every layer.
-pub(crate) fn plan(seqs: &[SeqSpan], num_heads: usize, items: &mut Vec<WorkItem>) {
+/// long contexts attend to more keys): per KV head when that makes at least
+/// four items per thread, else per query head. Depends only on the batch
+/// and the thread count, so it is built once per step and shared by every
+/// layer.
+pub(crate) fn plan(seqs: &[SeqSpan], dims: AttnDims, n_threads: usize, items: &mut Vec<WorkItem>) {
+    let runs: usize = seqs
+        .iter()
+        .map(|s| s.query_len.div_ceil(QUERIES_PER_ITEM))
+        .sum();
+    let group = dims.num_heads / dims.num_kv_heads;
+    let heads = if runs * dims.num_kv_heads >= 4 * n_threads {
+        group
+    } else {
+        1
+    };
     items.clear();
     for (seq, s) in seqs.iter().enumerate() {
         for q_begin in (0..s.query_len).step_by(QUERIES_PER_ITEM) {
             let q_end = (q_begin + QUERIES_PER_ITEM).min(s.query_len);
-            for head in 0..num_heads {
+            for head in (0..dims.num_heads).step_by(heads) {
                 items.push(WorkItem {
                     seq,
                     head,
+                    heads,
                     q_begin,
                     q_end,
                 });
@@ -60,7 +83,7 @@ pub(crate) fn plan(seqs: &[SeqSpan], num_heads: usize, items: &mut Vec<WorkItem>
     }
     let cost = |it: &WorkItem| {
         let s = &seqs[it.seq];
-        (s.context_len - s.query_len + it.q_end) * (it.q_end - it.q_begin)
+        (s.context_len - s.query_len + it.q_end) * (it.q_end - it.q_begin) * it.heads
     };
     items.sort_unstable_by_key(|it| std::cmp::Reverse(cost(it)));
 }
@@ -116,7 +139,7 @@ pub(crate) struct AttnArgs<'a> {
 
 /// Computes softmax(q·kᵀ / √d)·v for every query token and head into `out`
 /// (`[n_tokens, num_heads * head_dim]`). `scores` is scratch of at least
-/// `num_threads * max_context` floats.
+/// `num_threads * heads_per_kv_head * max_context` floats.
 pub(crate) fn paged_attention(
     pool: &ThreadPool,
     dims: AttnDims,
@@ -141,8 +164,9 @@ pub(crate) fn paged_attention(
         out.len() >= n_tokens * row_stride,
         "attention output too small"
     );
+    let group = dims.num_heads / dims.num_kv_heads;
     assert!(
-        scores.len() >= n_threads * max_ctx,
+        scores.len() >= n_threads * group * max_ctx,
         "attention scratch too small"
     );
     let scores_stride = scores.len() / n_threads;
@@ -158,25 +182,29 @@ pub(crate) fn paged_attention(
         loop {
             let i = next.fetch_add(1, Ordering::Relaxed);
             let Some(item) = args.items.get(i) else { break };
+            let s = &args.seqs[item.seq];
             for qi in item.q_begin..item.q_end {
-                let s = &args.seqs[item.seq];
                 let token = s.token_start + qi;
                 let at = token * row_stride + item.head * dims.head_dim;
-                // SAFETY: (token, head) belongs to this item only, and `at +
-                // head_dim <= n_tokens * row_stride <= out.len()` (checked).
-                let o =
-                    unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(at), dims.head_dim) };
+                let width = item.heads * dims.head_dim;
+                // SAFETY: (token, heads) belong to this item only, and `at +
+                // width <= n_tokens * row_stride <= out.len()` (checked).
+                let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(at), width) };
                 let q_at = token * args.q_stride + item.head * dims.head_dim;
-                let q = &args.q[q_at..q_at + dims.head_dim];
+                let q = &args.q[q_at..q_at + width];
                 let pos = s.context_len - s.query_len + qi;
-                attend_one(dims, args, item, q, pos, &mut s_row[..pos + 1], o);
+                attend(dims, args, item, q, pos, s_row, o);
             }
         }
     });
 }
 
-/// Attention of one query (at `pos`) of one head over positions `0..=pos`.
-fn attend_one(
+/// Attention of one query (at `pos`) of the item's heads over positions
+/// `0..=pos`: `q` and `out` hold the heads one after the other, `scores`
+/// is this thread's scratch (`heads` rows of `scores.len() / group`). Each
+/// K and V tile is read once for all the heads; per head the operations
+/// and their order are those of one head alone.
+fn attend(
     dims: AttnDims,
     args: &AttnArgs<'_>,
     item: &WorkItem,
@@ -185,23 +213,34 @@ fn attend_one(
     scores: &mut [f32],
     out: &mut [f32],
 ) {
-    let hd = dims.head_dim;
-    let bs = dims.block_size;
-    let kv_head = item.head / (dims.num_heads / dims.num_kv_heads);
+    let (hd, bs) = (dims.head_dim, dims.block_size);
+    let group = dims.num_heads / dims.num_kv_heads;
+    let kv_head = item.head / group;
     let table = args.block_tables[item.seq];
     let scale = 1.0 / (hd as f32).sqrt();
     let n = pos + 1;
-    for (b, chunk) in scores.chunks_mut(bs).enumerate() {
+    let stride = scores.len() / group;
+    let rows = |h: usize| h * stride..h * stride + n;
+    for (b, keys) in (0..n).step_by(bs).enumerate() {
         let tile = args.cache.k_tile(args.layer, table[b] as usize, kv_head);
-        dot_rows_scaled(q, tile, scale, chunk);
+        let keys = keys..(keys + bs).min(n);
+        for h in 0..item.heads {
+            let row = &mut scores[rows(h)][keys.clone()];
+            dot_rows_scaled(&q[h * hd..(h + 1) * hd], tile, scale, row);
+        }
     }
-    softmax_inplace(&mut scores[..n]);
+    for h in 0..item.heads {
+        softmax_inplace(&mut scores[rows(h)]);
+    }
     out.fill(0.0);
-    let tiles = scores[..n].chunks(bs).enumerate().map(|(b, chunk)| {
+    for (b, keys) in (0..n).step_by(bs).enumerate() {
         let tile = args.cache.v_tile(args.layer, table[b] as usize, kv_head);
-        (chunk, tile)
-    });
-    axpy_rows(tiles, out);
+        let keys = keys..(keys + bs).min(n);
+        for (h, out) in out.chunks_exact_mut(hd).enumerate() {
+            let p = &scores[rows(h)][keys.clone()];
+            axpy_rows(std::iter::once((p, tile)), out);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -304,14 +343,24 @@ mod tests {
                 context_len: 19,
             },
         ];
-        let mut items = Vec::new();
-        plan(&seqs, 6, &mut items);
-        assert_eq!(items.len(), 6 + 6 * 2);
         let refs: Vec<&[u32]> = tables.iter().map(|t| &t[..]).collect();
-        for threads in [1, 2, 3] {
+        // Planned for one thread, the step's 3 query runs x 2 KV heads make
+        // per-KV-head items; for two or more, per-query-head items. Each
+        // plan runs on 1 to 3 threads, and all give the same bits.
+        let mut first: Option<Vec<f32>> = None;
+        for (plan_threads, threads) in [(1, 1), (1, 3), (2, 2), (3, 3), (2, 1)] {
+            let mut items = Vec::new();
+            plan(&seqs, dims, plan_threads, &mut items);
+            let (len, heads) = if plan_threads == 1 {
+                (3 * 2, 3)
+            } else {
+                (3 * 6, 1)
+            };
+            assert_eq!(items.len(), len);
+            assert!(items.iter().all(|it| it.heads == heads));
             let pool = ThreadPool::new(threads);
             let mut out = vec![f32::NAN; q.len()];
-            let mut scores = vec![0.0; threads * 19];
+            let mut scores = vec![0.0; threads * 3 * 19];
             let args = AttnArgs {
                 cache: &cache,
                 layer: 0,
@@ -340,6 +389,15 @@ mod tests {
                     }
                 }
             }
+            let first = first.get_or_insert_with(|| out.clone());
+            let same = out
+                .iter()
+                .zip(first.iter())
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "plan for {plan_threads} on {threads} threads changed a result"
+            );
         }
     }
 }

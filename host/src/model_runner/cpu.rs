@@ -291,7 +291,13 @@ impl CpuModelRunner {
             });
             start += seq.query_len;
         }
-        plan(&s.spans, c.num_attention_heads, &mut s.items);
+        let dims = AttnDims {
+            num_heads: c.num_attention_heads,
+            num_kv_heads: c.num_key_value_heads,
+            head_dim: c.head_dim,
+            block_size: limits.block_size,
+        };
+        plan(&s.spans, dims, pool.num_threads(), &mut s.items);
         let block_tables: Vec<&[u32]> = input.seqs.iter().map(|q| &q.block_table[..]).collect();
         let mut laps = Laps::start(profile);
         for (row, &id) in s.h[..n * hid].chunks_exact_mut(hid).zip(&input.token_ids) {
@@ -301,12 +307,7 @@ impl CpuModelRunner {
         let ctx = StepCtx {
             pool,
             path: limits.matmul_path,
-            dims: AttnDims {
-                num_heads: c.num_attention_heads,
-                num_kv_heads: c.num_key_value_heads,
-                head_dim: c.head_dim,
-                block_size: limits.block_size,
-            },
+            dims,
             hidden: hid,
             intermediate: c.intermediate_size,
             eps: c.rms_norm_eps,

@@ -29,7 +29,8 @@ pub(crate) struct Scratch {
     /// `[MLP_CHUNK_TOKENS, 2 * intermediate]`; after SwiGLU the first
     /// `rows * intermediate` floats hold the activations.
     pub gate_up: Vec<f32>,
-    /// Attention scores, one `max_model_len` row per thread.
+    /// Attention scores: per thread, one `max_model_len` row per query head
+    /// of a KV head.
     pub scores: Vec<f32>,
     /// The step's sequences.
     pub spans: Vec<SeqSpan>,
@@ -47,6 +48,7 @@ impl Scratch {
         n_threads: usize,
     ) -> Result<Scratch, RunnerError> {
         let qkv_width = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim;
+        let heads_per_kv = c.num_attention_heads / c.num_key_value_heads;
         let buf_rows = |rows: usize, width: usize| -> Result<Vec<f32>, RunnerError> {
             let n = rows.checked_mul(width).ok_or_else(|| {
                 RunnerError::Config(format!(
@@ -71,7 +73,7 @@ impl Scratch {
             x: buf(c.hidden_size.max(q_width))?,
             qkv: buf(qkv_width.max(c.hidden_size))?,
             gate_up: buf_rows(max_tokens.min(MLP_CHUNK_TOKENS), 2 * c.intermediate_size)?,
-            scores: vec![0.0; n_threads * max_model_len],
+            scores: vec![0.0; n_threads * heads_per_kv * max_model_len],
             spans: Vec::new(),
             items: Vec::new(),
         })
