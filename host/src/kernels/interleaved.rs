@@ -186,8 +186,8 @@ pub(crate) trait GroupTiles {
     ///
     /// # Safety
     /// The CPU has the kernel's features; `records` holds the group's
-    /// records, 64-byte aligned; `x` holds `blocks` blocks per token; `out`
-    /// is valid for the place and no other thread writes it.
+    /// records, 64-byte aligned; `x` holds `blocks` blocks per token; the
+    /// place's output is valid for its rows and no other thread writes them.
     unsafe fn tile_q4<const NT: usize>(
         records: *const u8,
         blocks: usize,
