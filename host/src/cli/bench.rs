@@ -29,6 +29,11 @@ pub struct BenchArgs {
     /// Generated tokens of the decode test (llama-bench's tg).
     #[arg(long, default_value_t = 128)]
     pub gen_tokens: usize,
+    /// Tokens already in the context when each test starts (llama-bench's
+    /// `-d`): the prompt is prefilled after them and decoding continues
+    /// from them, so attention over a long context is measured too.
+    #[arg(long, default_value_t = 0)]
+    pub depth: usize,
     /// Measured repetitions of each test (after one warm-up).
     #[arg(long, default_value_t = 3)]
     pub repetitions: usize,
@@ -76,7 +81,7 @@ pub fn run(config: &EngineConfig, args: &BenchArgs) -> anyhow::Result<()> {
         .max(args.prompt_tokens);
     let mut session = startup::start(&config)?;
     let block_size = config.cache.block_size;
-    let longest = args.prompt_tokens.max(args.gen_tokens + 1);
+    let longest = args.depth + args.prompt_tokens.max(args.gen_tokens + 1);
     let blocks = longest.div_ceil(block_size);
     if blocks > session.num_blocks {
         bail!(
@@ -94,9 +99,11 @@ pub fn run(config: &EngineConfig, args: &BenchArgs) -> anyhow::Result<()> {
     let tests = Tests {
         tokens: &tokens,
         table: &table,
+        depth: args.depth,
         prompt_tokens: args.prompt_tokens,
         gen_tokens: args.gen_tokens,
     };
+    tests.fill_depth(&mut session.worker, config.scheduler.max_num_batched_tokens)?;
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
     for rep in 0..=args.repetitions {
@@ -109,11 +116,11 @@ pub fn run(config: &EngineConfig, args: &BenchArgs) -> anyhow::Result<()> {
     }
     let results = [
         summarize(
-            format!("pp{}", args.prompt_tokens),
+            tests.name("pp", args.prompt_tokens),
             args.prompt_tokens,
             prefill,
         ),
-        summarize(format!("tg{}", args.gen_tokens), args.gen_tokens, decode),
+        summarize(tests.name("tg", args.gen_tokens), args.gen_tokens, decode),
     ];
     let threads = match config.worker.num_threads {
         0 => startup::default_threads(),
@@ -163,6 +170,8 @@ pub fn run(config: &EngineConfig, args: &BenchArgs) -> anyhow::Result<()> {
 pub(super) struct Tests<'a> {
     tokens: &'a [u32],
     table: &'a [u32],
+    /// Tokens in the context before each test.
+    pub depth: usize,
     /// Prompt tokens of the prefill test.
     pub prompt_tokens: usize,
     /// Tokens of the decode test.
@@ -170,19 +179,41 @@ pub(super) struct Tests<'a> {
 }
 
 impl Tests<'_> {
-    /// One prefill of the prompt in one step; tokens per second.
+    /// A test's name as llama-bench prints it: `pp512`, or `pp512 @ d4096`
+    /// with a context before it.
+    pub fn name(&self, kind: &str, tokens: usize) -> String {
+        match self.depth {
+            0 => format!("{kind}{tokens}"),
+            d => format!("{kind}{tokens} @ d{d}"),
+        }
+    }
+
+    /// Writes the context's `depth` tokens into the KV cache, in steps of
+    /// at most `step_tokens`; the tests then only ever overwrite what
+    /// follows it.
+    fn fill_depth(&self, worker: &mut Worker, step_tokens: usize) -> anyhow::Result<()> {
+        for start in (0..self.depth).step_by(step_tokens.max(1)) {
+            let end = (start + step_tokens).min(self.depth);
+            let input = ModelInput::single(&self.tokens[start..end], start, self.table.to_vec());
+            worker.execute_model_input(&input)?;
+        }
+        Ok(())
+    }
+
+    /// One prefill of the prompt in one step, after the context; tokens
+    /// per second.
     pub fn prefill(&self, worker: &mut Worker) -> anyhow::Result<f64> {
-        let n = self.prompt_tokens;
-        let input = ModelInput::single(&self.tokens[..n], 0, self.table.to_vec());
+        let (start, n) = (self.depth, self.prompt_tokens);
+        let input = ModelInput::single(&self.tokens[start..start + n], start, self.table.to_vec());
         let t = Instant::now();
         worker.execute_model_input(&input)?;
         Ok(n as f64 / t.elapsed().as_secs_f64())
     }
 
-    /// Decodes one token per step; tokens per second.
+    /// Decodes one token per step after the context; tokens per second.
     pub fn decode(&self, worker: &mut Worker) -> anyhow::Result<f64> {
         let t = Instant::now();
-        for i in 0..self.gen_tokens {
+        for i in self.depth..self.depth + self.gen_tokens {
             let input = ModelInput::single(&self.tokens[i..=i], i, self.table.to_vec());
             worker.execute_model_input(&input)?;
         }

@@ -31,8 +31,8 @@ pub(super) fn run(worker: &mut Worker, tests: &Tests<'_>, threads: usize) -> any
     let per_token = |d: Duration| d.as_secs_f64() * 1e6 / tests.gen_tokens as f64;
     let share = |d: Duration, of: Duration| 100.0 * d.as_secs_f64() / of.as_secs_f64();
     let (pp_name, tg_name) = (
-        format!("pp{}", tests.prompt_tokens),
-        format!("tg{}", tests.gen_tokens),
+        tests.name("pp", tests.prompt_tokens),
+        tests.name("tg", tests.gen_tokens),
     );
     println!();
     println!("where the time goes ({pp_name}: one step; {tg_name}: µs per decoded token):");
