@@ -7,7 +7,7 @@
 //!   result independent of its batch (see [`MatmulPath::Auto`]); float
 //!   weights dequantize 16-row panels to f32 once and run a
 //!   register-blocked FMA microkernel over the whole batch.
-//! - [`rms_norm`], [`silu_mul`], [`softmax_inplace`], [`dot`], [`axpy`] and
+//! - [`rms_norm`], [`silu_mul`], [`softmax_parts`], [`dot`], [`axpy`] and
 //!   [`RopeTable`] are the per-row pieces of a llama block.
 //! - [`ThreadPool`] runs a parallel section on all cores with ~1 µs
 //!   overhead while busy and 0% CPU while idle.
@@ -45,7 +45,9 @@ pub use cpu::{cpu_description, CpuKernels, KERNELS_ENV};
 pub use matmul::{matmul, matmul_on, matmul_with, MatmulPath};
 pub use pool::{ThreadPool, SPIN_WINDOW};
 pub use rope::RopeTable;
-pub use vector::{axpy, axpy_rows, dot, dot_rows_scaled, rms_norm, silu_mul, softmax_inplace};
+pub use vector::{
+    axpy, axpy_rows, dot, dot_rows_scaled, prefetch, rms_norm, silu_mul, softmax_parts,
+};
 pub use weights::WeightMatrix;
 
 pub use crate::model::DType;

@@ -64,31 +64,32 @@ pub(crate) fn silu_mul_scalar(gate: &mut [f32], up: &[f32]) {
     }
 }
 
-/// Replaces `x` by `softmax(x)`; `-inf` entries (masked positions) become 0.
-/// An empty slice is left alone.
-pub fn softmax_inplace(x: &mut [f32]) {
+/// Softmax before its division: replaces `x` by `exp(x - max(x))` and
+/// returns `(max(x), sum of the new x)`, the form in which attention merges
+/// the chunks of a query's keys. `-inf` entries (masked positions) become
+/// 0; all of them masked (or none at all) gives `(-inf, 0)`.
+pub fn softmax_parts(x: &mut [f32]) -> (f32, f32) {
     #[cfg(target_arch = "x86_64")]
     if super::cpu::has_avx2() {
         // SAFETY: AVX2 is present.
-        unsafe { avx2::softmax(x) };
-        return;
+        return unsafe { avx2::softmax_parts(x) };
     }
-    softmax_scalar(x);
+    softmax_parts_scalar(x)
 }
 
-/// Portable [`softmax_inplace`].
-pub(crate) fn softmax_scalar(x: &mut [f32]) {
+/// Portable [`softmax_parts`].
+pub(crate) fn softmax_parts_scalar(x: &mut [f32]) -> (f32, f32) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    if x.is_empty() || max == f32::NEG_INFINITY {
-        return;
+    if max == f32::NEG_INFINITY {
+        x.fill(0.0);
+        return (max, 0.0);
     }
     let mut sum = 0.0;
     for v in x.iter_mut() {
         *v = (*v - max).exp();
         sum += *v;
     }
-    let inv = 1.0 / sum;
-    x.iter_mut().for_each(|v| *v *= inv);
+    (max, sum)
 }
 
 /// `sum_i a[i] * b[i]`.
@@ -136,6 +137,23 @@ pub fn dot_rows_scaled(q: &[f32], rows: &[f32], scale: f32, scores: &mut [f32]) 
     }
     for (s, row) in scores.iter_mut().zip(rows.chunks_exact(hd.max(1))) {
         *s = dot(q, row) * scale;
+    }
+}
+
+/// Asks the CPU to start loading `data` into its caches: a hint that
+/// changes no result. Attention gives it the next K/V piece, whose blocks
+/// lie apart in memory where the hardware prefetcher does not follow.
+#[inline]
+pub fn prefetch(data: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in data.chunks(16) {
+        // SAFETY: prefetching is a hint with no memory access that can
+        // fault; the address is inside `data`.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                line.as_ptr().cast(),
+            )
+        };
     }
 }
 
@@ -430,9 +448,9 @@ pub(crate) mod avx2 {
         }
     }
 
-    /// AVX2 [`softmax_inplace`](super::softmax_inplace).
+    /// AVX2 [`softmax_parts`](super::softmax_parts).
     #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn softmax(x: &mut [f32]) {
+    pub(crate) unsafe fn softmax_parts(x: &mut [f32]) -> (f32, f32) {
         let n = x.len();
         let mut vmax = _mm256_set1_ps(f32::NEG_INFINITY);
         let mut i = 0;
@@ -446,8 +464,9 @@ pub(crate) mod avx2 {
         for &v in lanes.iter().chain(&x[i..]) {
             max = max.max(v);
         }
-        if n == 0 || max == f32::NEG_INFINITY {
-            return;
+        if max == f32::NEG_INFINITY {
+            x.fill(0.0);
+            return (max, 0.0);
         }
         let m = _mm256_set1_ps(max);
         let mut vsum = _mm256_setzero_ps();
@@ -468,17 +487,7 @@ pub(crate) mod avx2 {
             store_tail(tail, e);
             vsum = _mm256_add_ps(vsum, e);
         }
-        let inv = _mm256_set1_ps(1.0 / hsum(vsum));
-        let mut i = 0;
-        while i + 8 <= n {
-            let p = x.as_mut_ptr().add(i);
-            _mm256_storeu_ps(p, _mm256_mul_ps(_mm256_loadu_ps(p), inv));
-            i += 8;
-        }
-        if i < n {
-            let v = _mm256_mul_ps(load_tail(&x[i..]), inv);
-            store_tail(&mut x[i..], v);
-        }
+        (max, hsum(vsum))
     }
 }
 
@@ -560,7 +569,7 @@ mod tests {
     }
 
     #[test]
-    fn softmax_matches_scalar_and_ignores_masked_entries() {
+    fn softmax_parts_match_scalar_and_ignore_masked_entries() {
         let mut rng = Rng::new(12);
         for n in LENGTHS {
             let mut x: Vec<f32> = rng.normals(n).iter().map(|v| v * 20.0).collect();
@@ -568,24 +577,30 @@ mod tests {
                 x[1] = f32::NEG_INFINITY;
             }
             let (mut a, mut b) = (x.clone(), x.clone());
-            softmax_inplace(&mut a);
-            softmax_scalar(&mut b);
-            for (p, q) in a.iter().zip(&b) {
-                assert!(close(*p, *q, 1e-6), "n={n}: {p} vs {q}");
-            }
-            if n > 0 {
-                assert!((a.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+            let (max, sum) = softmax_parts(&mut a);
+            assert!(
+                close(sum, a.iter().sum::<f32>(), 1e-5),
+                "n={n}: sum of the new x"
+            );
+            let want_max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(max, want_max);
+            let (_, want_sum) = softmax_parts_scalar(&mut b);
+            assert!(close(sum, want_sum, 1e-5), "n={n}: {sum} vs {want_sum}");
+            for ((p, q), v) in a.iter().zip(&b).zip(&x) {
+                let exact = (f64::from(*v) - f64::from(max)).exp() as f32;
+                assert!(
+                    close(*p, *q, 1e-6) && close(*p, exact, 1e-6),
+                    "n={n}: {p} vs {q} vs {exact}"
+                );
             }
             if n > 2 {
                 assert_eq!(a[1], 0.0);
             }
         }
         let mut all_masked = vec![f32::NEG_INFINITY; 9];
-        softmax_inplace(&mut all_masked);
-        assert!(
-            all_masked.iter().all(|v| *v == f32::NEG_INFINITY),
-            "left alone"
-        );
+        assert_eq!(softmax_parts(&mut all_masked), (f32::NEG_INFINITY, 0.0));
+        assert!(all_masked.iter().all(|v| *v == 0.0));
+        assert_eq!(softmax_parts(&mut []), (f32::NEG_INFINITY, 0.0));
     }
 
     #[test]

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use super::attention::{plan, AttnDims, SeqSpan};
+use super::attention::{AttnDims, SeqSpan};
 use super::input::{Limits, ModelInput};
 use super::kv_cache::{KvCache, KvCacheShape};
 use super::layer::{norm_weight, weight_matrix, Layer, StepCtx};
@@ -106,6 +106,7 @@ impl CpuModelRunner {
             rope: RopeTable::new(c.rope_dim, c.rope_theta, limits.max_model_len),
             scratch: Scratch::new(
                 c,
+                attn_dims(c, limits.block_size),
                 limits.max_num_batched_tokens,
                 limits.max_model_len,
                 pool.num_threads(),
@@ -291,13 +292,8 @@ impl CpuModelRunner {
             });
             start += seq.query_len;
         }
-        let dims = AttnDims {
-            num_heads: c.num_attention_heads,
-            num_kv_heads: c.num_key_value_heads,
-            head_dim: c.head_dim,
-            block_size: limits.block_size,
-        };
-        plan(&s.spans, dims, pool.num_threads(), &mut s.items);
+        let dims = attn_dims(c, limits.block_size);
+        s.plan.build(&s.spans, dims, pool.num_threads());
         let block_tables: Vec<&[u32]> = input.seqs.iter().map(|q| &q.block_table[..]).collect();
         let mut laps = Laps::start(profile);
         for (row, &id) in s.h[..n * hid].chunks_exact_mut(hid).zip(&input.token_ids) {
@@ -430,4 +426,14 @@ fn span_logits(
         }
     }
     Ok(())
+}
+
+/// The shapes attention needs, from the model's and the cache's.
+fn attn_dims(c: &LlamaConfig, block_size: usize) -> AttnDims {
+    AttnDims {
+        num_heads: c.num_attention_heads,
+        num_kv_heads: c.num_key_value_heads,
+        head_dim: c.head_dim,
+        block_size,
+    }
 }

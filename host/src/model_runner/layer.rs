@@ -164,11 +164,11 @@ impl Layer {
             layer,
             seqs: &s.spans,
             block_tables: ctx.block_tables,
-            items: &s.items,
+            plan: &s.plan,
             q: &s.qkv[..n * qkv_w],
             q_stride: qkv_w,
         };
-        paged_attention(ctx.pool, d, &args, attn, &mut s.scores);
+        paged_attention(ctx.pool, d, &args, attn, &mut s.attn);
         laps.lap(Op::Attention);
         // Q, K and V are dead: the projections back to `hidden` take their
         // place.

@@ -2,7 +2,7 @@
 //! (`max_num_batched_tokens` tokens) so the forward pass never allocates
 //! per layer.
 
-use super::attention::{SeqSpan, WorkItem};
+use super::attention::{AttnDims, AttnPlan, AttnScratch, SeqSpan};
 use super::RunnerError;
 use crate::model::LlamaConfig;
 
@@ -29,13 +29,12 @@ pub(crate) struct Scratch {
     /// `[MLP_CHUNK_TOKENS, 2 * intermediate]`; after SwiGLU the first
     /// `rows * intermediate` floats hold the activations.
     pub gate_up: Vec<f32>,
-    /// Attention scores: per thread, one `max_model_len` row per query head
-    /// of a KV head.
-    pub scores: Vec<f32>,
+    /// Attention's scores and partial results.
+    pub attn: AttnScratch,
     /// The step's sequences.
     pub spans: Vec<SeqSpan>,
     /// The step's attention plan.
-    pub items: Vec<WorkItem>,
+    pub plan: AttnPlan,
 }
 
 impl Scratch {
@@ -43,12 +42,12 @@ impl Scratch {
     /// `max_model_len` tokens on `n_threads` threads.
     pub fn new(
         c: &LlamaConfig,
+        dims: AttnDims,
         max_tokens: usize,
         max_model_len: usize,
         n_threads: usize,
     ) -> Result<Scratch, RunnerError> {
         let qkv_width = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim;
-        let heads_per_kv = c.num_attention_heads / c.num_key_value_heads;
         let buf_rows = |rows: usize, width: usize| -> Result<Vec<f32>, RunnerError> {
             let n = rows.checked_mul(width).ok_or_else(|| {
                 RunnerError::Config(format!(
@@ -73,9 +72,9 @@ impl Scratch {
             x: buf(c.hidden_size.max(q_width))?,
             qkv: buf(qkv_width.max(c.hidden_size))?,
             gate_up: buf_rows(max_tokens.min(MLP_CHUNK_TOKENS), 2 * c.intermediate_size)?,
-            scores: vec![0.0; n_threads * heads_per_kv * max_model_len],
+            attn: AttnScratch::new(dims, n_threads, max_model_len),
             spans: Vec::new(),
-            items: Vec::new(),
+            plan: AttnPlan::default(),
         })
     }
 }
