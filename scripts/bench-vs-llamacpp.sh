@@ -5,12 +5,15 @@
 # drift of a shared machine falls on both alike; medians and their ratio.
 # Needs scripts/build-llamacpp.sh (run automatically) and a release build
 # of host. Not part of CI: it takes minutes and the machines are noisy.
-# HOST_CPU_KERNELS forces host's kernel family (see docs/benchmarks.md).
+# HOST_CPU_KERNELS forces host's kernel family (see docs/benchmarks.md);
+# DEPTH=4096 runs both tests after that many tokens of context (llama-bench's
+# -d), which measures attention over a long context.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 threads="${THREADS:-$(nproc)}"
 reps="${REPS:-5}"
+depth="${DEPTH:-0}"
 model=".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 bash scripts/fetch-model.sh >/dev/null
 bash scripts/build-llamacpp.sh >/dev/null
@@ -29,8 +32,8 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 for i in $(seq "$reps"); do
     echo "repetition $i of $reps: llama-bench, then host bench ($threads threads)" >&2
-    "$llama" -m "$model" -t "$threads" -r 1 -p 512 -n 128 -o json > "$out/llama-$i.json"
-    target/release/host --model "$model" --num-threads "$threads" bench --repetitions 1 \
+    "$llama" -m "$model" -t "$threads" -r 1 -p 512 -n 128 -d "$depth" -o json > "$out/llama-$i.json"
+    target/release/host --model "$model" --num-threads "$threads" bench --repetitions 1 --depth "$depth" \
         --json "$out/host-$i.json" > "$out/host-$i.txt" 2> "$out/host-$i.log" \
         || { cat "$out/host-$i.log" >&2; exit 1; }
 done
@@ -43,6 +46,8 @@ llama, host = {}, {}
 for i in range(1, reps + 1):
     for r in json.load(open(f"{out}/llama-{i}.json")):
         test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
+        if r.get("n_depth"):
+            test += f" @ d{r['n_depth']}"
         llama.setdefault(test, []).append(r["avg_ts"])
     for r in json.load(open(f"{out}/host-{i}.json"))["results"]:
         host.setdefault(r["test"], []).append(r["tokens_per_s_mean"])
