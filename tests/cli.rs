@@ -234,6 +234,18 @@ fn a_bad_kernel_override_is_named() {
     }
 }
 
+/// `host bench` refuses a context that cannot fit with an error naming the
+/// flag, rather than overflowing.
+#[test]
+fn bench_refuses_an_overflowing_depth() {
+    let out = Command::new(host_bin())
+        .args(["--model", path(&default_model()), "bench"])
+        .args(["--depth", &usize::MAX.to_string(), "--repetitions", "1"])
+        .output()
+        .unwrap();
+    assert_clear_error(&out, &["--depth", "overflows"]);
+}
+
 /// `host bench` says where its figures came from: the CPU's name and
 /// flags as /proc/cpuinfo gives them, and the kernel family that ran (the
 /// forced one when `HOST_CPU_KERNELS` names one).

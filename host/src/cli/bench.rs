@@ -81,7 +81,16 @@ pub fn run(config: &EngineConfig, args: &BenchArgs) -> anyhow::Result<()> {
         .max(args.prompt_tokens);
     let mut session = startup::start(&config)?;
     let block_size = config.cache.block_size;
-    let longest = args.depth + args.prompt_tokens.max(args.gen_tokens + 1);
+    let longest = args
+        .gen_tokens
+        .checked_add(1)
+        .map(|tg| tg.max(args.prompt_tokens))
+        .and_then(|n| n.checked_add(args.depth))
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "--depth plus --prompt-tokens or --gen-tokens overflows; keep them within max_model_len"
+            )
+        })?;
     let blocks = longest.div_ceil(block_size);
     if blocks > session.num_blocks {
         bail!(
