@@ -313,8 +313,10 @@ impl<'a> HeadKv<'a> {
         let start = chunk * CHUNK_TOKENS;
         let keys = start..(start + CHUNK_TOKENS).min(pos + 1);
         let scale = 1.0 / (hd as f32).sqrt();
+        // Head `h`'s scores of the `n` keys from `first`.
         let row = |h: usize, first: usize, n: usize| {
-            h * CHUNK_TOKENS + first - start..h * CHUNK_TOKENS + first - start + n
+            let at = h * CHUNK_TOKENS + first - start;
+            at..at + n
         };
         let mut pieces = self.tiles(keys.clone()).peekable();
         while let Some((first, k, v)) = pieces.next() {
