@@ -32,22 +32,24 @@ mod gemv_x16_avx512;
 #[cfg(target_arch = "x86_64")]
 mod gemv_x8_avx2;
 mod interleaved;
+mod kv_elem;
 mod matmul;
 mod pool;
 mod quant;
 mod rope;
 #[cfg(test)]
 mod testutil;
+mod tiles;
 mod vector;
 mod weights;
 
 pub use cpu::{cpu_description, CpuKernels, KERNELS_ENV};
+pub use kv_elem::KvElem;
 pub use matmul::{matmul, matmul_on, matmul_with, MatmulPath};
 pub use pool::{ThreadPool, SPIN_WINDOW};
 pub use rope::RopeTable;
-pub use vector::{
-    axpy, axpy_rows, dot, dot_rows_scaled, prefetch, rms_norm, silu_mul, softmax_parts,
-};
+pub use tiles::{axpy_rows, dot_rows_scaled, prefetch};
+pub use vector::{axpy, dot, rms_norm, silu_mul, softmax_parts};
 pub use weights::WeightMatrix;
 
 pub use crate::model::DType;

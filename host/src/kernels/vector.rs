@@ -1,9 +1,12 @@
 //! Element-wise and reduction kernels on f32 vectors: RMSNorm, SwiGLU's
-//! `silu(gate) * up`, softmax, dot and axpy (the attention inner loops).
+//! `silu(gate) * up`, softmax, dot and axpy (whose bodies attention's tile
+//! kernels in [`super::tiles`] share).
 //!
 //! Each has a portable version (`*_scalar`, also the test reference) and an
 //! AVX2 version chosen at run time. `exp` in the SIMD versions is our own
 //! polynomial ([`exp_avx2`]), accurate to a few ulp.
+
+use super::kv_elem::KvElem;
 
 /// `out = x / rms(x) * weight`, with `rms(x) = sqrt(mean(x^2) + eps)`.
 ///
@@ -102,7 +105,12 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
         // SAFETY: AVX2 is present; lengths were checked above.
         return unsafe { avx2::dot(a, b) };
     }
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
+    dot_portable(a, b)
+}
+
+/// Portable [`dot`], with `b` of any KV-cache element type.
+pub(crate) fn dot_portable<E: KvElem>(a: &[f32], b: &[E]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y.to_f32()).sum()
 }
 
 /// `y[i] += alpha * x[i]`.
@@ -116,72 +124,23 @@ pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
         unsafe { avx2::axpy(alpha, x, y) };
         return;
     }
+    axpy_portable(alpha, x, y);
+}
+
+/// Portable [`axpy`], with `x` of any KV-cache element type.
+pub(crate) fn axpy_portable<E: KvElem>(alpha: f32, x: &[E], y: &mut [f32]) {
     for (y, &x) in y.iter_mut().zip(x) {
-        *y += alpha * x;
+        *y += alpha * x.to_f32();
     }
 }
 
-/// `scores[j] = dot(q, rows[j]) * scale` for each of the `scores.len()`
-/// consecutive rows of `q.len()` floats in `rows`: attention's scores of
-/// one query against a KV tile, each bit-identical to [`dot`]'s.
-///
-/// Panics if `rows` is shorter than `scores.len() * q.len()`.
-pub fn dot_rows_scaled(q: &[f32], rows: &[f32], scale: f32, scores: &mut [f32]) {
-    let hd = q.len();
-    let rows = &rows[..scores.len() * hd];
-    #[cfg(target_arch = "x86_64")]
-    if super::cpu::has_avx2() {
-        // SAFETY: AVX2 is present; `rows` holds every row (sliced above).
-        unsafe { avx2::dot_rows_scaled(q, rows, scale, scores) };
-        return;
-    }
-    for (s, row) in scores.iter_mut().zip(rows.chunks_exact(hd.max(1))) {
-        *s = dot(q, row) * scale;
-    }
-}
-
-/// Asks the CPU to start loading `data` into its caches: a hint that
-/// changes no result. Attention gives it the next K/V piece, whose blocks
-/// lie apart in memory where the hardware prefetcher does not follow.
-#[inline]
-pub fn prefetch(data: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    for line in data.chunks(16) {
-        // SAFETY: prefetching is a hint with no memory access that can
-        // fault; the address is inside `data`.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                line.as_ptr().cast(),
-            )
-        };
-    }
-}
-
-/// `out += p[j] * rows[j]` for every `(p, rows)` tile in order and every
-/// row of a tile in order: attention's weighted sum of V, bit-identical to
-/// one [`axpy`] per row, but with `out` kept in registers throughout when
-/// it is 64 floats wide (a head of the default model).
-///
-/// Panics if a tile's `rows` is shorter than `p.len() * out.len()`.
-pub fn axpy_rows<'a>(tiles: impl Iterator<Item = (&'a [f32], &'a [f32])>, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if super::cpu::has_avx2() && out.len() == 64 {
-        // SAFETY: AVX2 is present and `out` is 64 floats.
-        unsafe { avx2::axpy_rows_64(tiles, out) };
-        return;
-    }
-    let hd = out.len();
-    for (p, rows) in tiles {
-        for (&p, row) in p.iter().zip(rows[..p.len() * hd].chunks_exact(hd.max(1))) {
-            axpy(p, row, out);
-        }
-    }
-}
-
-/// The AVX2 versions; every function needs AVX2 + FMA and equal lengths.
+/// The AVX2 versions; every function needs AVX2 + FMA (+ F16C where it
+/// reads a KV-cache element type) and equal lengths.
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use std::arch::x86_64::*;
+
+    use super::KvElem;
 
     /// Sum of the 8 lanes.
     #[inline(always)]
@@ -224,11 +183,13 @@ pub(crate) mod avx2 {
         _mm256_and_ps(e, _mm256_cmp_ps::<_CMP_GT_OQ>(x_in, _mm256_set1_ps(-104.0)))
     }
 
-    /// Loads `n < 8` floats, zero padded.
+    /// Loads `n < 8` values as f32, zero padded.
     #[inline(always)]
-    unsafe fn load_tail(src: &[f32]) -> __m256 {
+    unsafe fn load_tail<E: KvElem>(src: &[E]) -> __m256 {
         let mut tmp = [0f32; 8];
-        tmp[..src.len()].copy_from_slice(src);
+        for (t, s) in tmp.iter_mut().zip(src) {
+            *t = s.to_f32();
+        }
         _mm256_loadu_ps(tmp.as_ptr())
     }
 
@@ -247,108 +208,10 @@ pub(crate) mod avx2 {
         dot_inline(a, b)
     }
 
-    /// AVX2 [`dot_rows_scaled`](super::dot_rows_scaled); `rows` holds
-    /// `scores.len()` rows.
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn dot_rows_scaled(q: &[f32], rows: &[f32], scale: f32, scores: &mut [f32]) {
-        let hd = q.len();
-        let mut j = 0;
-        if hd == 64 {
-            while j + 8 <= scores.len() {
-                dot8_rows_64(q, rows.as_ptr().add(j * 64), scale, &mut scores[j..j + 8]);
-                j += 8;
-            }
-        }
-        for (j, s) in scores.iter_mut().enumerate().skip(j) {
-            *s = dot_inline(q, rows.get_unchecked(j * hd..(j + 1) * hd)) * scale;
-        }
-    }
-
-    /// Eight rows of 64 against `q`: each row's four accumulators exactly as
-    /// [`dot_inline`] builds them, and its horizontal sum in the same tree
-    /// (`((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7))` over the combined lanes),
-    /// done for the eight rows at once by transposing adds instead of one
-    /// serial reduction per row.
+    /// [`dot`]'s body, with `b` of any KV-cache element type (widened as
+    /// it is loaded), inlined into its callers; needs AVX2, FMA and F16C.
     #[inline(always)]
-    unsafe fn dot8_rows_64(q: &[f32], rows: *const f32, scale: f32, out: &mut [f32]) {
-        let qv: [__m256; 8] = [
-            _mm256_loadu_ps(q.as_ptr()),
-            _mm256_loadu_ps(q.as_ptr().add(8)),
-            _mm256_loadu_ps(q.as_ptr().add(16)),
-            _mm256_loadu_ps(q.as_ptr().add(24)),
-            _mm256_loadu_ps(q.as_ptr().add(32)),
-            _mm256_loadu_ps(q.as_ptr().add(40)),
-            _mm256_loadu_ps(q.as_ptr().add(48)),
-            _mm256_loadu_ps(q.as_ptr().add(56)),
-        ];
-        let mut v = [_mm256_setzero_ps(); 8];
-        for (r, v) in v.iter_mut().enumerate() {
-            let k = rows.add(r * 64);
-            let mut acc = [_mm256_setzero_ps(); 4];
-            for (i, acc) in acc.iter_mut().enumerate() {
-                *acc = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k.add(8 * i)), *acc);
-                *acc = _mm256_fmadd_ps(qv[4 + i], _mm256_loadu_ps(k.add(32 + 8 * i)), *acc);
-            }
-            *v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-        }
-        // s4 of rows (a, b): [a.lo + a.hi, b.lo + b.hi].
-        let pair = |a: __m256, b: __m256| {
-            _mm256_add_ps(
-                _mm256_permute2f128_ps::<0x20>(a, b),
-                _mm256_permute2f128_ps::<0x31>(a, b),
-            )
-        };
-        let (s01, s23, s45, s67) = (
-            pair(v[0], v[1]),
-            pair(v[2], v[3]),
-            pair(v[4], v[5]),
-            pair(v[6], v[7]),
-        );
-        // [r(s0+s2), r'(s0+s2), r(s1+s3), r'(s1+s3)] per 128-bit half.
-        let a = _mm256_add_ps(_mm256_unpacklo_ps(s01, s23), _mm256_unpackhi_ps(s01, s23));
-        let b = _mm256_add_ps(_mm256_unpacklo_ps(s45, s67), _mm256_unpackhi_ps(s45, s67));
-        let sums = _mm256_add_ps(
-            _mm256_shuffle_ps::<0b01_00_01_00>(a, b),
-            _mm256_shuffle_ps::<0b11_10_11_10>(a, b),
-        );
-        // Lanes hold rows 0 2 4 6 1 3 5 7; put them in order.
-        let ordered = _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_ps(
-            out.as_mut_ptr(),
-            _mm256_mul_ps(ordered, _mm256_set1_ps(scale)),
-        );
-    }
-
-    /// AVX2 [`axpy_rows`](super::axpy_rows) for a 64-float `out`: the same
-    /// fused multiply-adds per lane, in the same order, as [`axpy`] per row.
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn axpy_rows_64<'a>(
-        tiles: impl Iterator<Item = (&'a [f32], &'a [f32])>,
-        out: &mut [f32],
-    ) {
-        let po = out.as_mut_ptr();
-        let mut acc = [_mm256_setzero_ps(); 8];
-        for (k, acc) in acc.iter_mut().enumerate() {
-            *acc = _mm256_loadu_ps(po.add(8 * k));
-        }
-        for (p, rows) in tiles {
-            let rows = &rows[..p.len() * 64];
-            for (j, &p) in p.iter().enumerate() {
-                let a = _mm256_set1_ps(p);
-                let row = rows.as_ptr().add(j * 64);
-                for (k, acc) in acc.iter_mut().enumerate() {
-                    *acc = _mm256_fmadd_ps(a, _mm256_loadu_ps(row.add(8 * k)), *acc);
-                }
-            }
-        }
-        for (k, acc) in acc.iter().enumerate() {
-            _mm256_storeu_ps(po.add(8 * k), *acc);
-        }
-    }
-
-    /// [`dot`]'s body, inlined into the callers above.
-    #[inline(always)]
-    unsafe fn dot_inline(a: &[f32], b: &[f32]) -> f32 {
+    pub(crate) unsafe fn dot_inline<E: KvElem>(a: &[f32], b: &[E]) -> f32 {
         let n = a.len();
         let (pa, pb) = (a.as_ptr(), b.as_ptr());
         let mut acc = [_mm256_setzero_ps(); 4];
@@ -357,18 +220,14 @@ pub(crate) mod avx2 {
             for (j, acc) in acc.iter_mut().enumerate() {
                 *acc = _mm256_fmadd_ps(
                     _mm256_loadu_ps(pa.add(i + 8 * j)),
-                    _mm256_loadu_ps(pb.add(i + 8 * j)),
+                    E::load8(pb.add(i + 8 * j)),
                     *acc,
                 );
             }
             i += 32;
         }
         while i + 8 <= n {
-            acc[0] = _mm256_fmadd_ps(
-                _mm256_loadu_ps(pa.add(i)),
-                _mm256_loadu_ps(pb.add(i)),
-                acc[0],
-            );
+            acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), E::load8(pb.add(i)), acc[0]);
             i += 8;
         }
         if i < n {
@@ -380,9 +239,9 @@ pub(crate) mod avx2 {
         ))
     }
 
-    /// AVX2 [`axpy`](super::axpy).
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+    /// AVX2 [`axpy`](super::axpy), with `x` of any KV-cache element type.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn axpy<E: KvElem>(alpha: f32, x: &[E], y: &mut [f32]) {
         let n = x.len();
         let a = _mm256_set1_ps(alpha);
         let mut i = 0;
@@ -390,7 +249,7 @@ pub(crate) mod avx2 {
             let py = y.as_mut_ptr().add(i);
             _mm256_storeu_ps(
                 py,
-                _mm256_fmadd_ps(a, _mm256_loadu_ps(x.as_ptr().add(i)), _mm256_loadu_ps(py)),
+                _mm256_fmadd_ps(a, E::load8(x.as_ptr().add(i)), _mm256_loadu_ps(py)),
             );
             i += 8;
         }
@@ -497,40 +356,6 @@ mod tests {
     use crate::kernels::testutil::Rng;
 
     const LENGTHS: [usize; 9] = [0, 1, 7, 8, 9, 31, 64, 577, 1536];
-
-    /// Attention's tile kernels give exactly what `dot` and `axpy` per row
-    /// give (the 64-wide register path included), so batch invariance and
-    /// the kernel families' agreement carry over.
-    #[test]
-    fn tile_kernels_equal_dot_and_axpy_per_row_bit_for_bit() {
-        let mut rng = Rng::new(14);
-        for hd in [64, 48, 13, 1] {
-            let q = rng.normals(hd);
-            let tiles: Vec<(Vec<f32>, Vec<f32>)> = [16, 16, 5]
-                .iter()
-                .map(|&n| (rng.normals(n), rng.normals(n * hd + 3)))
-                .collect();
-            for (p, rows) in &tiles {
-                let mut got = vec![0f32; p.len()];
-                dot_rows_scaled(&q, rows, 0.125, &mut got);
-                for (j, g) in got.iter().enumerate() {
-                    let want = dot(&q, &rows[j * hd..(j + 1) * hd]) * 0.125;
-                    assert_eq!(g.to_bits(), want.to_bits(), "hd {hd} row {j}");
-                }
-            }
-            let start = rng.normals(hd);
-            let mut want = start.clone();
-            for (p, rows) in &tiles {
-                for (j, &p) in p.iter().enumerate() {
-                    axpy(p, &rows[j * hd..(j + 1) * hd], &mut want);
-                }
-            }
-            let mut got = start;
-            axpy_rows(tiles.iter().map(|(p, r)| (&p[..], &r[..])), &mut got);
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&got), bits(&want), "hd {hd}");
-        }
-    }
 
     fn close(a: f32, b: f32, tol: f32) -> bool {
         (a - b).abs() <= tol * (1.0 + b.abs())

@@ -1,0 +1,163 @@
+//! The element types a KV cache stores ([`KvElem`]): f32, and the
+//! half-width IEEE half and bfloat16 that halve the bytes a long-context
+//! decode reads.
+//!
+//! Attention computes in f32 whatever the cache holds: a row is widened as
+//! it is loaded. Widening is exact, so a kernel over half-width rows gives
+//! the bits the same kernel gives over the widened rows, and every property
+//! of the f32 kernels (batch invariance, agreement between plans) carries
+//! over. Only storing rounds, once, when a token's K and V are written.
+
+use half::{bf16, f16};
+
+/// A KV-cache element: stored from f32 (rounding to nearest, ties to
+/// even), loaded back as f32 (exactly).
+///
+/// # Safety
+/// All-zero bytes must be the value 0.0 and every bit pattern a valid
+/// value: the cache takes its memory zeroed from the allocator and hands
+/// it out as `&[Self]`.
+pub unsafe trait KvElem: Copy + Send + Sync + 'static {
+    /// The value as f32 (exact).
+    fn to_f32(self) -> f32;
+
+    /// `dst[i] = src[i]` rounded to this type; the slices have equal
+    /// lengths.
+    fn store(src: &[f32], dst: &mut [Self]);
+
+    /// Eight consecutive values at `p`, widened to f32.
+    ///
+    /// # Safety
+    /// `p` points at 8 readable values and the CPU has AVX2, FMA and F16C.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+}
+
+// SAFETY: zero bits are 0.0 and every bit pattern is some f32.
+unsafe impl KvElem for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+
+    fn store(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
+        std::arch::x86_64::_mm256_loadu_ps(p)
+    }
+}
+
+// SAFETY: `f16` is a transparent `u16`: zero bits are +0.0 and every bit
+// pattern is some half (a NaN at worst).
+unsafe impl KvElem for f16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+
+    fn store(src: &[f32], dst: &mut [f16]) {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = f16::from_f32(s);
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+    }
+}
+
+// SAFETY: `bf16` is a transparent `u16`: zero bits are +0.0 and every bit
+// pattern is some bfloat16 (a NaN at worst).
+unsafe impl KvElem for bf16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+
+    fn store(src: &[f32], dst: &mut [bf16]) {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = bf16::from_f32(s);
+        }
+    }
+
+    /// A bfloat16 is the top half of an f32: widen each to 32 bits and
+    /// shift it up.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const bf16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
+            _mm_loadu_si128(p.cast()),
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::testutil::Rng;
+
+    /// Values that round, values at a tie, and the edges of each format's
+    /// range (an f16 overflows to infinity past 65504).
+    fn samples() -> Vec<f32> {
+        let mut rng = Rng::new(21);
+        let mut v = rng.normals(64);
+        v.extend([
+            0.0,
+            -0.0,
+            1.0 + 1.0 / 2048.0,
+            1.0 + 3.0 / 2048.0,
+            65504.0,
+            70000.0,
+            -1e-8,
+            f32::INFINITY,
+            3.0e38,
+        ]);
+        v
+    }
+
+    /// Storing then loading gives the value rounded as the `half` crate
+    /// rounds it (round to nearest even), through the scalar and the AVX2
+    /// loads alike.
+    fn round_trips<E: KvElem + PartialEq + std::fmt::Debug>(round: fn(f32) -> E) {
+        let src = samples();
+        let zero: E = round(0.0);
+        let mut stored = vec![zero; src.len()];
+        E::store(&src, &mut stored);
+        for (s, &x) in stored.iter().zip(&src) {
+            assert_eq!(s.to_f32().to_bits(), round(x).to_f32().to_bits(), "{x}");
+        }
+        #[cfg(target_arch = "x86_64")]
+        if crate::kernels::cpu::has_avx2() {
+            for (lanes, want) in stored.chunks_exact(8).zip(src.chunks_exact(8)) {
+                let mut got = [0f32; 8];
+                // SAFETY: AVX2 checked; `lanes` holds 8 values.
+                unsafe {
+                    std::arch::x86_64::_mm256_storeu_ps(got.as_mut_ptr(), E::load8(lanes.as_ptr()))
+                };
+                for (g, &x) in got.iter().zip(want) {
+                    assert_eq!(g.to_bits(), round(x).to_f32().to_bits(), "{x}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn each_type_rounds_to_nearest_and_loads_exactly() {
+        round_trips(|x| x);
+        round_trips(f16::from_f32);
+        round_trips(bf16::from_f32);
+        assert_eq!(
+            f16::from_f32(1.0 + 1.0 / 2048.0).to_f32(),
+            1.0,
+            "a tie rounds to even"
+        );
+    }
+}
