@@ -333,6 +333,8 @@ fn config_show_prints_the_effective_config() {
         "8",
         "--set",
         "scheduler.async_scheduling=false",
+        "--kv-cache-dtype",
+        "half",
         "config",
         "show",
     ]);
@@ -355,4 +357,17 @@ fn config_show_prints_the_effective_config() {
         Some(16),
         "defaults are filled in"
     );
+    assert_eq!(
+        shown["cache"]["cache_dtype"].as_str(),
+        Some("float16"),
+        "--kv-cache-dtype, by its canonical name"
+    );
+}
+
+/// A KV-cache type the engine does not implement is refused at start,
+/// naming the key and the types that work.
+#[test]
+fn an_unknown_kv_cache_dtype_is_named() {
+    let out = host(&["--kv-cache-dtype", "fp8_e5m2", "config", "show"]);
+    assert_clear_error(&out, &["cache_dtype", "fp8_e5m2", "float16", "bfloat16"]);
 }

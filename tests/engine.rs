@@ -3,7 +3,7 @@
 //! prefixes must hit the KV cache, and ended requests must give back every
 //! block. The expectations are properties, independent of the engine's output.
 
-use host::config::EngineConfig;
+use host::config::{CacheDtype, EngineConfig};
 use host::engine::{GenerateRequest, Llm, Prompt};
 use host::sampling::SamplingParams;
 
@@ -78,6 +78,50 @@ fn batched_greedy_equals_one_at_a_time() {
         0.0,
         "every block is free at the end"
     );
+}
+
+/// With a half-width KV cache (f16 or bf16) a block takes half the bytes,
+/// so the same memory holds twice the blocks, and batching still changes
+/// nothing: each K/V value is rounded once, from f32 bits that do not
+/// depend on the batch.
+#[test]
+fn half_width_kv_caches_hold_twice_the_blocks_and_keep_batching_invisible() {
+    let texts = prompts(12);
+    let params = greedy(12);
+    let blocks = |c: &EngineConfig| {
+        Llm::new(c)
+            .unwrap()
+            .stats()
+            .scheduler
+            .cache_config
+            .num_blocks
+    };
+    let f32_blocks = blocks(&config(64, 96, true));
+    for dtype in [CacheDtype::Float16, CacheDtype::Bfloat16] {
+        let with = |mut c: EngineConfig| {
+            c.cache.cache_dtype = dtype;
+            c
+        };
+        assert_eq!(
+            blocks(&with(config(64, 96, true))),
+            2 * f32_blocks,
+            "{dtype:?}"
+        );
+        let mut alone = Llm::new(&with(config(512, 2048, false))).unwrap();
+        let expected: Vec<Vec<u32>> = texts
+            .iter()
+            .map(|t| run(&mut alone, std::slice::from_ref(t), &params).remove(0))
+            .collect();
+        let mut llm = Llm::new(&with(config(512, 96, true))).unwrap();
+        let batched = run(&mut llm, &texts, &params);
+        for (i, (b, e)) in batched.iter().zip(&expected).enumerate() {
+            assert_eq!(
+                b, e,
+                "{dtype:?}: prompt {i} ({:?}) differs when batched",
+                texts[i]
+            );
+        }
+    }
 }
 
 /// Preemption by recompute must not change what a request generates, with

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use host::config::CacheDtype;
 use host::cuda::device::Gpu;
 use host::cuda::runner::GpuModelRunner;
 use host::cuda::weights::DeviceWeights;
@@ -87,6 +88,7 @@ fn gpu_runner_matches_the_cpu_runner_on_the_default_model() {
         max_num_batched_tokens: max_tokens,
         max_model_len: max_len,
         block_size: BLOCK,
+        cache_dtype: CacheDtype::Auto,
         matmul_path: MatmulPath::Auto,
     };
     let mut cpu = CpuModelRunner::new(&weights, pool, limits).unwrap();

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use host::config::EngineConfig;
+use host::config::{CacheDtype, EngineConfig};
 use host::distributed::{AllReduceGroup, AllReduceOwner, TpGroup, DEFAULT_SLOT_FLOATS};
 use host::engine::{Completion, Llm};
 use host::kernels::{MatmulPath, ThreadPool};
@@ -180,6 +180,7 @@ fn run_ranks(
         max_num_batched_tokens: 64,
         max_model_len: 256,
         block_size: 16,
+        cache_dtype: CacheDtype::Auto,
         matmul_path: path,
     };
     let pool = || Arc::new(ThreadPool::new(1));

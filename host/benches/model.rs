@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use host::config::CacheDtype;
 use host::kernels::{MatmulPath, ThreadPool};
 use host::model::gguf::GgufFile;
 use host::model_runner::{CpuModelRunner, ModelInput, RunnerConfig, SeqInput};
@@ -42,6 +43,7 @@ fn runner() -> CpuModelRunner {
         max_num_batched_tokens: PREFILL,
         max_model_len: 1024,
         block_size: BLOCK_SIZE,
+        cache_dtype: CacheDtype::Auto,
         matmul_path: MatmulPath::Auto,
     };
     let mut r =

@@ -28,6 +28,76 @@ pub enum LoadFormat {
     Dummy,
 }
 
+/// The element type of the KV cache (`cache.cache_dtype`, vLLM's
+/// `--kv-cache-dtype`).
+///
+/// `auto` stores K and V as the runner computes them: f32 on the CPU,
+/// bfloat16 on a GPU. The half-width types halve the cache's memory and
+/// the bytes a long-context decode reads, at the cost of rounding each K
+/// and V value to 11 (`float16`) or 8 (`bfloat16`) significant bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum CacheDtype {
+    /// The runner's compute type.
+    #[default]
+    Auto,
+    /// IEEE single precision (the CPU's `auto`).
+    Float32,
+    /// IEEE half precision (llama.cpp's default).
+    Float16,
+    /// bfloat16 (the GPU's `auto`).
+    Bfloat16,
+}
+
+impl CacheDtype {
+    /// The canonical name (what the config and `/metrics` show).
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheDtype::Auto => "auto",
+            CacheDtype::Float32 => "float32",
+            CacheDtype::Float16 => "float16",
+            CacheDtype::Bfloat16 => "bfloat16",
+        }
+    }
+}
+
+impl std::str::FromStr for CacheDtype {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<CacheDtype, String> {
+        Ok(match s {
+            "auto" => CacheDtype::Auto,
+            "float32" | "fp32" | "float" => CacheDtype::Float32,
+            "float16" | "fp16" | "half" => CacheDtype::Float16,
+            "bfloat16" | "bf16" => CacheDtype::Bfloat16,
+            _ if s.starts_with("fp8") => {
+                return Err(format!(
+                    "{s:?}: 8-bit KV caches are not implemented; use auto, float32, float16 or bfloat16"
+                ))
+            }
+            _ => {
+                return Err(format!(
+                    "{s:?} is not a KV-cache type; use auto, float32, float16 or bfloat16"
+                ))
+            }
+        })
+    }
+}
+
+impl TryFrom<String> for CacheDtype {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<CacheDtype, String> {
+        s.parse()
+    }
+}
+
+impl From<CacheDtype> for String {
+    fn from(d: CacheDtype) -> String {
+        d.name().to_string()
+    }
+}
+
 /// Where `scripts/fetch-model.sh` puts the default model, under `root`.
 pub fn default_model_path(root: &Path) -> PathBuf {
     root.join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -148,6 +218,8 @@ pub struct CacheConfig {
     pub gpu_memory_utilization: f64,
     /// Reuse the KV blocks of shared prompt prefixes.
     pub enable_prefix_caching: bool,
+    /// The KV cache's element type (vLLM's `cache_dtype`).
+    pub cache_dtype: CacheDtype,
 }
 
 /// The most a CPU worker's KV cache takes when `cache.kv_cache_memory_bytes`
@@ -161,6 +233,7 @@ impl Default for CacheConfig {
             kv_cache_memory_bytes: None,
             gpu_memory_utilization: 0.9,
             enable_prefix_caching: true,
+            cache_dtype: CacheDtype::Auto,
         }
     }
 }
@@ -1126,6 +1199,42 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(msg.contains("nope"), "{msg}");
+    }
+
+    /// vLLM's and llama.cpp's spellings of the KV-cache types are taken;
+    /// fp8 (vLLM's) and anything else are refused, naming the types that
+    /// work.
+    #[test]
+    fn kv_cache_dtypes_parse_and_unknown_ones_are_refused() {
+        let dtype = |v: &str| {
+            EngineConfig::load(None, &[format!("cache.cache_dtype=\"{v}\"")])
+                .map(|c| c.cache.cache_dtype)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(EngineConfig::default().cache.cache_dtype, CacheDtype::Auto);
+        for (v, want) in [
+            ("auto", CacheDtype::Auto),
+            ("float32", CacheDtype::Float32),
+            ("fp16", CacheDtype::Float16),
+            ("half", CacheDtype::Float16),
+            ("float16", CacheDtype::Float16),
+            ("bf16", CacheDtype::Bfloat16),
+            ("bfloat16", CacheDtype::Bfloat16),
+        ] {
+            assert_eq!(dtype(v), Ok(want), "{v}");
+            assert_eq!(dtype(want.name()), Ok(want), "{v}: its canonical name");
+        }
+        for (v, says) in [("fp8_e4m3", "8-bit"), ("int4", "not a KV-cache type")] {
+            let msg = dtype(v).unwrap_err();
+            assert!(
+                msg.contains("cache_dtype") && msg.contains(says) && msg.contains("float16"),
+                "{v}: {msg}"
+            );
+        }
+        let shown = EngineConfig::load(None, &["cache.cache_dtype=\"fp16\"".into()])
+            .unwrap()
+            .to_toml();
+        assert!(shown.contains("cache_dtype = \"float16\""), "{shown}");
     }
 
     #[test]

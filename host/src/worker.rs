@@ -200,6 +200,7 @@ impl Worker {
             max_num_batched_tokens: self.config.max_num_batched_tokens,
             max_model_len,
             block_size: self.config.block_size,
+            cache_dtype: self.config.cache_dtype,
             matmul_path: MatmulPath::Auto,
         };
         match self.device.as_ref() {

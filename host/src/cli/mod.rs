@@ -98,6 +98,10 @@ struct EngineArgs {
     /// what gpu_memory_utilization leaves) [cache.kv_cache_memory_bytes].
     #[arg(long, global = true)]
     kv_cache_memory_bytes: Option<u64>,
+    /// KV-cache element type: auto (f32 on the CPU, bf16 on a GPU),
+    /// float32, float16 or bfloat16 [cache.cache_dtype].
+    #[arg(long, global = true, value_name = "DTYPE")]
+    kv_cache_dtype: Option<String>,
     /// Compute threads; 0 = every core [worker.num_threads].
     #[arg(long, global = true)]
     num_threads: Option<usize>,
@@ -169,6 +173,10 @@ impl EngineArgs {
         push(
             "cache.kv_cache_memory_bytes",
             self.kv_cache_memory_bytes.map(|v| v.to_string()),
+        );
+        push(
+            "cache.cache_dtype",
+            self.kv_cache_dtype.as_deref().map(quoted),
         );
         push(
             "worker.num_threads",

@@ -15,10 +15,11 @@ use super::nvrtc;
 use super::runner::GpuModelRunner;
 use super::sampler::{device_eligible, DeviceRow, DeviceSampler};
 use super::weights::{DeviceWeights, HostWeights};
+use crate::config::CacheDtype;
 use crate::model::{LlamaConfig, ModelWeights};
 use crate::model_runner::{
-    DeviceRunner, DeviceSampleRow, KvCacheBudget, KvCacheShape, Logits, ModelInput, RunnerConfig,
-    RunnerError, SeqInput,
+    DeviceRunner, DeviceSampleRow, KvCacheBudget, KvCacheShape, KvDtype, Logits, ModelInput,
+    RunnerConfig, RunnerError, SeqInput,
 };
 
 /// An opened GPU and the memory it had free before this worker allocated
@@ -131,6 +132,12 @@ impl GpuRunner {
         max_num_seqs: usize,
         enforce_eager: bool,
     ) -> Result<GpuRunner, RunnerError> {
+        if !matches!(limits.cache_dtype, CacheDtype::Auto | CacheDtype::Bfloat16) {
+            return Err(RunnerError::Config(format!(
+                "cache.cache_dtype = {:?}: the GPU runner stores its KV cache in bfloat16; set it to auto or bfloat16",
+                limits.cache_dtype.name()
+            )));
+        }
         let name = device.name();
         let gpu = device.gpu.clone();
         let start = std::time::Instant::now();
@@ -255,13 +262,13 @@ impl DeviceRunner for GpuRunner {
             num_kv_heads: self.config.num_key_value_heads,
             head_dim: self.config.head_dim,
             block_size: self.limits.block_size,
+            dtype: KvDtype::Bf16,
         }
     }
 
     /// K and V in bf16.
     fn bytes_per_block(&self) -> usize {
-        let c = &self.config;
-        2 * 2 * c.num_hidden_layers * self.limits.block_size * c.num_key_value_heads * c.head_dim
+        self.kv_cache_shape().bytes_per_block()
     }
 
     fn num_kv_blocks(&self) -> usize {

@@ -11,11 +11,12 @@ use std::sync::Arc;
 
 use super::attention::{AttnDims, SeqSpan};
 use super::input::{Limits, ModelInput};
-use super::kv_cache::{KvCache, KvCacheShape};
+use super::kv_cache::{KvCache, KvCacheShape, KvDtype};
 use super::layer::{norm_weight, weight_matrix, Layer, StepCtx};
 use super::profile::{Laps, Op, StepProfile};
 use super::scratch::Scratch;
 use super::{Logits, LogitsSink, LogitsSpan, RunnerError};
+use crate::config::CacheDtype;
 use crate::distributed::TpGroup;
 use crate::kernels::{matmul_with, rms_norm, MatmulPath, RopeTable, ThreadPool, WeightMatrix};
 use crate::model::{check, shard, LlamaConfig, ModelWeights};
@@ -30,6 +31,8 @@ pub struct RunnerConfig {
     pub max_model_len: usize,
     /// Token slots per KV-cache block.
     pub block_size: usize,
+    /// The KV cache's element type (`auto`: f32 on the CPU).
+    pub cache_dtype: CacheDtype,
     /// Which matmul kernels to use: `Auto` in production (batch-invariant
     /// 8-bit kernels for quantized weights); tests force the f32 GEMM to
     /// compare with the reference at full precision.
@@ -174,6 +177,7 @@ impl CpuModelRunner {
             num_kv_heads: self.config.num_key_value_heads,
             head_dim: self.config.head_dim,
             block_size: self.limits.block_size,
+            dtype: KvDtype::for_cpu(self.limits.cache_dtype),
         }
     }
 

@@ -27,7 +27,7 @@ pub use device_runner::{DeviceRunner, DeviceSampleRow, KvCacheBudget};
 #[cfg(feature = "cuda")]
 pub(crate) use input::Limits as InputLimits;
 pub use input::{ModelInput, SeqInput};
-pub use kv_cache::{KvCache, KvCacheShape};
+pub use kv_cache::{KvCache, KvCacheShape, KvDtype};
 pub use profile::{Op, StepProfile};
 
 use crate::distributed::AllReduceError;

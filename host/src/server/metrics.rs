@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
 
+use crate::config::CacheDtype;
 use crate::engine::ipc::EngineCoreRestarts;
 use crate::engine::{EngineStats, RequestMetrics};
 
@@ -94,6 +95,8 @@ struct Measured {
 #[derive(Debug)]
 pub struct Metrics {
     model_name: String,
+    /// `cache.cache_dtype`, as configured (`cache_config_info` shows it).
+    cache_dtype: CacheDtype,
     /// By rank.
     measured: Vec<Mutex<Measured>>,
 }
@@ -105,8 +108,9 @@ fn header(out: &mut String, name: &str, kind: &str, help: &str) {
 
 impl Metrics {
     /// Empty metrics for the model served as `model_name` (a label on every
-    /// series, as in vLLM) by `num_ranks` data-parallel engine cores.
-    pub fn new(model_name: &str, num_ranks: usize) -> Metrics {
+    /// series, as in vLLM) by `num_ranks` data-parallel engine cores whose
+    /// KV caches hold `cache_dtype`.
+    pub fn new(model_name: &str, num_ranks: usize, cache_dtype: CacheDtype) -> Metrics {
         let measured = (0..num_ranks.max(1)).map(|_| {
             Mutex::new(Measured {
                 ttft: Histogram::new(TTFT_BUCKETS),
@@ -120,6 +124,7 @@ impl Metrics {
         });
         Metrics {
             model_name: model_name.to_string(),
+            cache_dtype,
             measured: measured.collect(),
         }
     }
@@ -198,14 +203,15 @@ impl Metrics {
             let _ = writeln!(
                 out,
                 "vllm:cache_config_info{{{labels},block_size=\"{}\",num_gpu_blocks=\"{}\",\
-                 enable_prefix_caching=\"{}\",cache_dtype=\"auto\"}} 1",
+                 enable_prefix_caching=\"{}\",cache_dtype=\"{}\"}} 1",
                 c.block_size,
                 c.num_blocks,
                 if c.enable_prefix_caching {
                     "True"
                 } else {
                     "False"
-                }
+                },
+                self.cache_dtype.name()
             );
         }
         type Counter = fn(&EngineStats, &EngineCoreRestarts) -> u64;
@@ -347,7 +353,7 @@ mod tests {
 
     #[test]
     fn renders_vllm_series() {
-        let m = Metrics::new("m\"x", 2);
+        let m = Metrics::new("m\"x", 2, CacheDtype::Float16);
         let rm = RequestMetrics {
             time_to_first_token_s: Some(0.2),
             inter_token_latencies_s: vec![],
@@ -407,7 +413,7 @@ mod tests {
             format!("vllm:num_requests_running{{{labels}}} 3"),
             format!(
                 "vllm:cache_config_info{{{labels},block_size=\"16\",num_gpu_blocks=\"364\",\
-                 enable_prefix_caching=\"True\",cache_dtype=\"auto\"}} 1"
+                 enable_prefix_caching=\"True\",cache_dtype=\"float16\"}} 1"
             ),
             format!("vllm:num_requests_waiting{{{labels}}} 2"),
             format!("vllm:kv_cache_usage_perc{{{labels}}} 0.25"),

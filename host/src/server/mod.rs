@@ -125,7 +125,11 @@ impl AppState {
         AppState {
             client,
             tokenizer,
-            metrics: Metrics::new(&model_name, config.parallel.data_parallel_size),
+            metrics: Metrics::new(
+                &model_name,
+                config.parallel.data_parallel_size,
+                config.cache.cache_dtype,
+            ),
             model_name,
             model_root: config.model.path.display().to_string(),
             plugins,

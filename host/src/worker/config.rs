@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use thiserror::Error;
 
 use super::input_batch::BatchError;
+use crate::config::CacheDtype;
 use crate::model::{LoadFormat, ModelError};
 use crate::model_runner::RunnerError;
 
@@ -38,6 +39,8 @@ pub struct WorkerConfig {
     pub gpu_memory_utilization: f64,
     /// Token slots per KV-cache block.
     pub block_size: usize,
+    /// The KV cache's element type.
+    pub cache_dtype: CacheDtype,
     /// Most tokens in one step.
     pub max_num_batched_tokens: usize,
     /// Most sequences in one step (the largest CUDA graph).
@@ -64,6 +67,7 @@ impl WorkerConfig {
             kv_cache_memory_bytes: Some(1 << 20),
             gpu_memory_utilization: 0.9,
             block_size: 16,
+            cache_dtype: CacheDtype::Auto,
             max_num_batched_tokens: 64,
             max_num_seqs: 8,
             enforce_eager: false,

@@ -113,6 +113,7 @@ pub fn worker_config(
             .context("cache.kv_cache_memory_bytes does not fit this machine's address space")?,
         gpu_memory_utilization: config.cache.gpu_memory_utilization,
         block_size: config.cache.block_size,
+        cache_dtype: config.cache.cache_dtype,
         max_num_batched_tokens: config.scheduler.max_num_batched_tokens,
         max_num_seqs: config.scheduler.max_num_seqs,
         enforce_eager: config.model.enforce_eager,

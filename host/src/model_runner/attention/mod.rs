@@ -21,8 +21,10 @@ mod tests;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::kv_cache::KvCache;
-use crate::kernels::{axpy, axpy_rows, dot_rows_scaled, prefetch, softmax_parts, ThreadPool};
+use super::kv_cache::{KvCache, KvTiles, KvView};
+use crate::kernels::{
+    axpy, axpy_rows, dot_rows_scaled, prefetch, softmax_parts, KvElem, ThreadPool,
+};
 pub(crate) use plan::AttnPlan;
 use plan::SPLIT_MAX_QUERIES;
 
@@ -158,6 +160,22 @@ pub(crate) fn paged_attention(
     out: &mut [f32],
     scratch: &mut AttnScratch,
 ) {
+    match args.cache.view() {
+        KvView::F32(kv) => attend(pool, dims, args, kv, out, scratch),
+        KvView::F16(kv) => attend(pool, dims, args, kv, out, scratch),
+        KvView::Bf16(kv) => attend(pool, dims, args, kv, out, scratch),
+    }
+}
+
+/// [`paged_attention`] over a cache whose values are `E`.
+fn attend<E: KvElem>(
+    pool: &ThreadPool,
+    dims: AttnDims,
+    args: &AttnArgs<'_>,
+    cache: KvTiles<'_, E>,
+    out: &mut [f32],
+    scratch: &mut AttnScratch,
+) {
     let max_ctx = args.seqs.iter().map(|s| s.context_len).max().unwrap_or(0);
     let row_stride = dims.num_heads * dims.head_dim;
     let n_tokens = args
@@ -200,7 +218,7 @@ pub(crate) fn paged_attention(
             let s = &args.seqs[item.seq];
             let kv = HeadKv {
                 dims,
-                cache: args.cache,
+                cache,
                 layer: args.layer,
                 table: args.block_tables[item.seq],
                 kv_head: item.head / group,
@@ -257,9 +275,9 @@ pub(crate) fn paged_attention(
 }
 
 /// One sequence's keys and values under one KV head of one layer.
-struct HeadKv<'a> {
+struct HeadKv<'a, E> {
     dims: AttnDims,
-    cache: &'a KvCache,
+    cache: KvTiles<'a, E>,
     layer: usize,
     table: &'a [u32],
     kv_head: usize,
@@ -270,10 +288,10 @@ struct HeadKv<'a> {
     prefetch: bool,
 }
 
-impl<'a> HeadKv<'a> {
+impl<'a, E: KvElem> HeadKv<'a, E> {
     /// The pieces of K and V that hold `keys`, in order, as (first key, K
     /// rows, V rows): a block's tile, or part of it at the range's ends.
-    fn tiles(&self, keys: Range<usize>) -> impl Iterator<Item = (usize, &'a [f32], &'a [f32])> {
+    fn tiles(&self, keys: Range<usize>) -> impl Iterator<Item = (usize, &'a [E], &'a [E])> {
         let (bs, hd) = (self.dims.block_size, self.dims.head_dim);
         let (cache, layer, table, kv_head) = (self.cache, self.layer, self.table, self.kv_head);
         let mut key = keys.start;
@@ -285,8 +303,8 @@ impl<'a> HeadKv<'a> {
             let len = (bs - slot).min(keys.end - key);
             let block = table[b] as usize;
             let rows = slot * hd..(slot + len) * hd;
-            let k = &cache.k_tile(layer, block, kv_head)[rows.clone()];
-            let v = &cache.v_tile(layer, block, kv_head)[rows];
+            let (k, v) = cache.tile(layer, block, kv_head);
+            let (k, v) = (&k[rows.clone()], &v[rows]);
             let first = key;
             key += len;
             Some((first, k, v))

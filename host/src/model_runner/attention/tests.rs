@@ -2,7 +2,7 @@ use std::collections::HashMap;
 
 use super::plan::AttnPlan;
 use super::*;
-use crate::model_runner::kv_cache::KvCacheShape;
+use crate::model_runner::kv_cache::{KvCacheShape, KvDtype};
 
 /// Deterministic pseudo-random values in [-1, 1).
 fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -58,12 +58,13 @@ const MAX_MODEL_LEN: usize = 320;
 struct Fixture {
     cache: KvCache,
     tables: Vec<Vec<u32>>,
-    /// Per sequence: its K and V, `[ctx, kv_heads * hd]`.
+    /// Per sequence: its K and V, `[ctx, kv_heads * hd]`, as the cache
+    /// holds them (rounded to its type).
     kv: Vec<(Vec<f32>, Vec<f32>)>,
 }
 
 impl Fixture {
-    fn new(contexts: &[usize]) -> Fixture {
+    fn new(contexts: &[usize], dtype: KvDtype) -> Fixture {
         let bs = DIMS.block_size;
         let num_blocks = 48;
         let shape = KvCacheShape {
@@ -71,6 +72,7 @@ impl Fixture {
             num_kv_heads: DIMS.num_kv_heads,
             head_dim: DIMS.head_dim,
             block_size: bs,
+            dtype,
         };
         let mut cache = KvCache::new(shape, num_blocks).unwrap();
         let kvw = DIMS.num_kv_heads * DIMS.head_dim;
@@ -92,8 +94,19 @@ impl Fixture {
                 let row = p * kvw..(p + 1) * kvw;
                 cache.write(0, table[p / bs] as usize, p % bs, &k[row.clone()], &v[row]);
             }
+            // What the cache holds, rounded by the `half` crate.
+            let round = |x: Vec<f32>| -> Vec<f32> {
+                match dtype {
+                    KvDtype::F32 => x,
+                    KvDtype::F16 => x.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect(),
+                    KvDtype::Bf16 => x
+                        .iter()
+                        .map(|&x| half::bf16::from_f32(x).to_f32())
+                        .collect(),
+                }
+            };
             tables.push(table);
-            kv.push((k, v));
+            kv.push((round(k), round(v)));
         }
         Fixture { cache, tables, kv }
     }
@@ -161,13 +174,20 @@ impl Fixture {
 }
 
 /// Every plan shape — per KV head, per query head, and one item per
-/// chunk merged after — on one to three threads gives textbook attention,
-/// and a query gets the same bits in every step and plan it is part of.
+/// chunk merged after — on one to three threads gives textbook attention
+/// over the K/V the cache holds, and a query gets the same bits in every
+/// step and plan it is part of, whatever the cache's element type.
 #[test]
 fn every_plan_gives_textbook_attention_and_the_same_bits() {
+    for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
+        every_plan_agrees(dtype);
+    }
+}
+
+fn every_plan_agrees(dtype: KvDtype) {
     // A decode over 300 tokens (three chunks), a 150-token prefill and a
     // five-token tail of a 20-token context.
-    let fx = Fixture::new(&[300, 150, 20]);
+    let fx = Fixture::new(&[300, 150, 20], dtype);
     let steps: [&[(usize, usize)]; 4] = [
         &[(0, 1), (1, 150), (2, 5)],
         &[(0, 1), (2, 5)],
@@ -192,7 +212,7 @@ fn every_plan_gives_textbook_attention_and_the_same_bits() {
                         let got = out[h * hd + d];
                         assert!(
                             (got - want).abs() < 1e-5,
-                            "{step:?} seq {seq} pos {pos} head {h}: {got} vs {want}"
+                            "{dtype:?} {step:?} seq {seq} pos {pos} head {h}: {got} vs {want}"
                         );
                     }
                 }
@@ -203,7 +223,7 @@ fn every_plan_gives_textbook_attention_and_the_same_bits() {
                     .all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(
                     same,
-                    "seq {seq} pos {pos} changed in step {step:?} planned for {plan_threads} on {threads} threads"
+                    "{dtype:?} seq {seq} pos {pos} changed in step {step:?} planned for {plan_threads} on {threads} threads"
                 );
             }
         }
