@@ -7,13 +7,16 @@
 # of host. Not part of CI: it takes minutes and the machines are noisy.
 # HOST_CPU_KERNELS forces host's kernel family (see docs/benchmarks.md);
 # DEPTH=4096 runs both tests after that many tokens of context (llama-bench's
-# -d), which measures attention over a long context.
+# -d), which measures attention over a long context. KV_DTYPE=float16 gives
+# host the KV-cache type llama.cpp uses by default (host's own default, auto,
+# is f32 on the CPU); the table's header says which ran.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 threads="${THREADS:-$(nproc)}"
 reps="${REPS:-5}"
 depth="${DEPTH:-0}"
+kv_dtype="${KV_DTYPE:-auto}"
 model=".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 bash scripts/fetch-model.sh >/dev/null
 bash scripts/build-llamacpp.sh >/dev/null
@@ -33,11 +36,13 @@ trap 'rm -rf "$out"' EXIT
 for i in $(seq "$reps"); do
     echo "repetition $i of $reps: llama-bench, then host bench ($threads threads)" >&2
     "$llama" -m "$model" -t "$threads" -r 1 -p 512 -n 128 -d "$depth" -o json > "$out/llama-$i.json"
-    target/release/host --model "$model" --num-threads "$threads" bench --repetitions 1 --depth "$depth" \
+    target/release/host --model "$model" --num-threads "$threads" --kv-cache-dtype "$kv_dtype" \
+        bench --repetitions 1 --depth "$depth" \
         --json "$out/host-$i.json" > "$out/host-$i.txt" 2> "$out/host-$i.log" \
         || { cat "$out/host-$i.log" >&2; exit 1; }
 done
 head -1 "$out/host-1.txt"
+echo "KV cache: host $kv_dtype, llama.cpp f16 (its default)"
 
 python3 - "$out" "$reps" <<'PY'
 import json, statistics, sys
