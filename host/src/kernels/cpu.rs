@@ -169,6 +169,12 @@ pub(crate) fn has_avx2() -> bool {
     CpuKernels::active() >= CpuKernels::Avx2
 }
 
+/// True when the active family includes the AVX-512 F/BW/VL kernels.
+#[inline]
+pub(crate) fn has_avx512() -> bool {
+    CpuKernels::active() >= CpuKernels::Avx512Vnni
+}
+
 /// The AVX2 family's CPU features (`is_x86_feature_detected!` caches them).
 #[cfg(target_arch = "x86_64")]
 fn has_avx2_fma_f16c() -> bool {

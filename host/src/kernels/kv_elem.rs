@@ -31,6 +31,13 @@ pub unsafe trait KvElem: Copy + Send + Sync + 'static {
     /// `p` points at 8 readable values and the CPU has AVX2, FMA and F16C.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+
+    /// Sixteen consecutive values at `p`, widened to f32.
+    ///
+    /// # Safety
+    /// `p` points at 16 readable values and the CPU has AVX-512 F.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
 }
 
 // SAFETY: zero bits are 0.0 and every bit pattern is some f32.
@@ -48,6 +55,12 @@ unsafe impl KvElem for f32 {
     #[inline(always)]
     unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
         std::arch::x86_64::_mm256_loadu_ps(p)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const f32) -> std::arch::x86_64::__m512 {
+        std::arch::x86_64::_mm512_loadu_ps(p)
     }
 }
 
@@ -70,6 +83,13 @@ unsafe impl KvElem for f16 {
     unsafe fn load8(p: *const f16) -> std::arch::x86_64::__m256 {
         use std::arch::x86_64::*;
         _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const f16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
     }
 }
 
@@ -97,6 +117,15 @@ unsafe impl KvElem for bf16 {
             _mm_loadu_si128(p.cast()),
         )))
     }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const bf16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
+            _mm256_loadu_si256(p.cast()),
+        )))
+    }
 }
 
 #[cfg(test)]
@@ -107,9 +136,7 @@ mod tests {
     /// Values that round, values at a tie, and the edges of each format's
     /// range (an f16 overflows to infinity past 65504).
     fn samples() -> Vec<f32> {
-        let mut rng = Rng::new(21);
-        let mut v = rng.normals(64);
-        v.extend([
+        let mut v = vec![
             0.0,
             -0.0,
             1.0 + 1.0 / 2048.0,
@@ -119,7 +146,8 @@ mod tests {
             -1e-8,
             f32::INFINITY,
             3.0e38,
-        ]);
+        ];
+        v.extend(Rng::new(21).normals(71));
         v
     }
 
@@ -135,16 +163,33 @@ mod tests {
             assert_eq!(s.to_f32().to_bits(), round(x).to_f32().to_bits(), "{x}");
         }
         #[cfg(target_arch = "x86_64")]
-        if crate::kernels::cpu::has_avx2() {
-            for (lanes, want) in stored.chunks_exact(8).zip(src.chunks_exact(8)) {
-                let mut got = [0f32; 8];
-                // SAFETY: AVX2 checked; `lanes` holds 8 values.
-                unsafe {
-                    std::arch::x86_64::_mm256_storeu_ps(got.as_mut_ptr(), E::load8(lanes.as_ptr()))
-                };
-                for (g, &x) in got.iter().zip(want) {
-                    assert_eq!(g.to_bits(), round(x).to_f32().to_bits(), "{x}");
+        {
+            use std::arch::x86_64::*;
+
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn widen8<E: KvElem>(src: &[E], dst: &mut [f32]) {
+                _mm256_storeu_ps(dst.as_mut_ptr(), E::load8(src.as_ptr()));
+            }
+            #[target_feature(enable = "avx512f")]
+            unsafe fn widen16<E: KvElem>(src: &[E], dst: &mut [f32]) {
+                _mm512_storeu_ps(dst.as_mut_ptr(), E::load16(src.as_ptr()));
+            }
+            let check = |width: usize, widen: unsafe fn(&[E], &mut [f32])| {
+                for (lanes, want) in stored.chunks_exact(width).zip(src.chunks_exact(width)) {
+                    let mut got = vec![0f32; width];
+                    // SAFETY: the caller checked the CPU; `lanes` and
+                    // `got` hold `width` values.
+                    unsafe { widen(lanes, &mut got) };
+                    for (g, &x) in got.iter().zip(want) {
+                        assert_eq!(g.to_bits(), round(x).to_f32().to_bits(), "{x}");
+                    }
                 }
+            };
+            if crate::kernels::cpu::has_avx2() {
+                check(8, widen8::<E>);
+            }
+            if crate::kernels::cpu::has_avx512() {
+                check(16, widen16::<E>);
             }
         }
     }

@@ -48,7 +48,7 @@ pub use kv_elem::KvElem;
 pub use matmul::{matmul, matmul_on, matmul_with, MatmulPath};
 pub use pool::{ThreadPool, SPIN_WINDOW};
 pub use rope::RopeTable;
-pub use tiles::{axpy_rows, dot_rows_scaled, prefetch};
+pub use tiles::{axpy_rows, dot_rows_scaled, prefetch, HeadsLayout};
 pub use vector::{axpy, dot, rms_norm, silu_mul, softmax_parts};
 pub use weights::WeightMatrix;
 

@@ -1,7 +1,14 @@
 //! Attention's tile kernels: one query's scores against a KV tile and the
-//! weighted sum of a V tile, over rows of any KV-cache element type
+//! weighted sums of a V tile, over rows of any KV-cache element type
 //! ([`KvElem`]), each bit-identical to [`dot`](super::dot) and
 //! [`axpy`](super::axpy) per row on the rows widened to f32.
+//!
+//! The AVX-512 versions (64-wide heads) keep those bits: a score is the
+//! AVX2 kernel's four 8-lane accumulators held in two 16-lane ones and
+//! reduced by the same tree; a weighted sum is the same fused
+//! multiply-add per lane and key, with up to three heads sharing each V row
+//! so that twelve independent accumulators keep both FMA units busy (one
+//! head's four would wait on each other's latency).
 
 use super::kv_elem::KvElem;
 use super::vector::{axpy_portable, dot_portable};
@@ -16,6 +23,13 @@ pub fn dot_rows_scaled<E: KvElem>(q: &[f32], rows: &[E], scale: f32, scores: &mu
     let hd = q.len();
     let rows = &rows[..scores.len() * hd];
     #[cfg(target_arch = "x86_64")]
+    if super::cpu::has_avx512() && hd == 64 {
+        // SAFETY: the AVX-512 family (with AVX2, FMA, F16C) is present;
+        // `rows` holds every row (sliced above).
+        unsafe { avx512::dot_rows_scaled_64(q, rows, scale, scores) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if super::cpu::has_avx2() {
         // SAFETY: the AVX2 family (AVX2, FMA, F16C) is present; `rows`
         // holds every row (sliced above).
@@ -27,26 +41,64 @@ pub fn dot_rows_scaled<E: KvElem>(q: &[f32], rows: &[E], scale: f32, scores: &mu
     }
 }
 
-/// `out += p[j] * rows[j]` for every `(p, rows)` tile in order and every
-/// row of a tile in order: attention's weighted sum of V, bit-identical to
-/// one [`axpy`](super::axpy) per row widened to f32, but with `out` kept in
-/// registers throughout when it is 64 floats wide (a head of the default
-/// model).
+/// Where several heads' weights and outputs of one V tile lie: head `h`
+/// weighs the tile's `keys` rows by `p[h * p_stride..][..keys]` and adds
+/// them into `out[h * out_stride..][..head_dim]`.
+#[derive(Clone, Copy, Debug)]
+pub struct HeadsLayout {
+    /// Heads sharing the tile.
+    pub heads: usize,
+    /// Rows of the tile.
+    pub keys: usize,
+    /// Width of a row and of a head's output.
+    pub head_dim: usize,
+    /// Floats between consecutive heads' weights.
+    pub p_stride: usize,
+    /// Floats between consecutive heads' outputs (at least `head_dim`).
+    pub out_stride: usize,
+}
+
+/// `out_h += Σ_j p_h[j] * rows[j]` for every head of `layout`, keys in
+/// order: attention's weighted sums of one V tile, each head's bit-identical
+/// to one [`axpy`](super::axpy) per row widened to f32.
 ///
-/// Panics if a tile's `rows` is shorter than `p.len() * out.len()`.
-pub fn axpy_rows<'a, E: KvElem>(
-    tiles: impl Iterator<Item = (&'a [f32], &'a [E])>,
-    out: &mut [f32],
-) {
-    #[cfg(target_arch = "x86_64")]
-    if super::cpu::has_avx2() {
-        // SAFETY: the AVX2 family (AVX2, FMA, F16C) is present.
-        unsafe { avx2::axpy_rows(tiles, out) };
+/// Panics if a head's weights or output, or the tile, lie outside the
+/// slices, or if heads' outputs overlap.
+pub fn axpy_rows<E: KvElem>(layout: HeadsLayout, p: &[f32], rows: &[E], out: &mut [f32]) {
+    let HeadsLayout {
+        heads,
+        keys,
+        head_dim: hd,
+        p_stride,
+        out_stride,
+    } = layout;
+    if heads == 0 {
         return;
     }
-    let hd = out.len();
-    for (p, rows) in tiles {
-        for (&p, row) in p.iter().zip(rows[..p.len() * hd].chunks_exact(hd.max(1))) {
+    assert!(
+        out_stride >= hd
+            && p.len() >= (heads - 1) * p_stride + keys
+            && out.len() >= (heads - 1) * out_stride + hd
+            && rows.len() >= keys * hd,
+        "axpy_rows: {layout:?} does not fit its slices"
+    );
+    let rows = &rows[..keys * hd];
+    #[cfg(target_arch = "x86_64")]
+    if super::cpu::has_avx512() && hd == 64 {
+        // SAFETY: the AVX-512 family (with AVX2, FMA, F16C) is present;
+        // every head's weights and output lie inside (checked above).
+        unsafe { avx512::axpy_rows_64(layout, p, rows, out) };
+        return;
+    }
+    for h in 0..heads {
+        let (p, out) = (&p[h * p_stride..][..keys], &mut out[h * out_stride..][..hd]);
+        #[cfg(target_arch = "x86_64")]
+        if super::cpu::has_avx2() {
+            // SAFETY: the AVX2 family (AVX2, FMA, F16C) is present.
+            unsafe { avx2::axpy_rows(p, rows, out) };
+            continue;
+        }
+        for (&p, row) in p.iter().zip(rows.chunks_exact(hd.max(1))) {
             axpy_portable(p, row, out);
         }
     }
@@ -148,20 +200,16 @@ mod avx2 {
         );
     }
 
-    /// AVX2 [`axpy_rows`](super::axpy_rows): for a 64-float `out`, kept in
-    /// eight registers, the same fused multiply-adds per lane, in the same
-    /// order, as [`axpy`] per row; other widths, [`axpy`] per row.
+    /// One head of AVX2 [`axpy_rows`](super::axpy_rows): for a 64-float
+    /// `out`, kept in eight registers, the same fused multiply-adds per
+    /// lane, in the same order, as [`axpy`] per row; other widths, [`axpy`]
+    /// per row. `rows` holds `p.len()` rows.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn axpy_rows<'a, E: KvElem>(
-        tiles: impl Iterator<Item = (&'a [f32], &'a [E])>,
-        out: &mut [f32],
-    ) {
+    pub(super) unsafe fn axpy_rows<E: KvElem>(p: &[f32], rows: &[E], out: &mut [f32]) {
         let hd = out.len();
         if hd != 64 {
-            for (p, rows) in tiles {
-                for (&p, row) in p.iter().zip(rows[..p.len() * hd].chunks_exact(hd.max(1))) {
-                    axpy(p, row, out);
-                }
+            for (&p, row) in p.iter().zip(rows.chunks_exact(hd.max(1))) {
+                axpy(p, row, out);
             }
             return;
         }
@@ -170,18 +218,169 @@ mod avx2 {
         for (k, acc) in acc.iter_mut().enumerate() {
             *acc = _mm256_loadu_ps(po.add(8 * k));
         }
-        for (p, rows) in tiles {
-            let rows = &rows[..p.len() * 64];
-            for (j, &p) in p.iter().enumerate() {
-                let a = _mm256_set1_ps(p);
-                let row = rows.as_ptr().add(j * 64);
-                for (k, acc) in acc.iter_mut().enumerate() {
-                    *acc = _mm256_fmadd_ps(a, E::load8(row.add(8 * k)), *acc);
-                }
+        for (j, &p) in p.iter().enumerate() {
+            let a = _mm256_set1_ps(p);
+            let row = rows.as_ptr().add(j * 64);
+            for (k, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm256_fmadd_ps(a, E::load8(row.add(8 * k)), *acc);
             }
         }
         for (k, acc) in acc.iter().enumerate() {
             _mm256_storeu_ps(po.add(8 * k), *acc);
+        }
+    }
+}
+
+/// The AVX-512 versions, for 64-wide heads; each needs AVX-512 F beside
+/// the AVX2 family.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::super::vector::avx2::dot_inline;
+    use super::{HeadsLayout, KvElem};
+
+    /// AVX-512 [`dot_rows_scaled`](super::dot_rows_scaled) for 64-wide
+    /// rows: eight rows at a time, the rest as [`dot_inline`] (the same
+    /// bits either way).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    pub(super) unsafe fn dot_rows_scaled_64<E: KvElem>(
+        q: &[f32],
+        rows: &[E],
+        scale: f32,
+        scores: &mut [f32],
+    ) {
+        let mut qv = [_mm512_setzero_ps(); 4];
+        for (i, qv) in qv.iter_mut().enumerate() {
+            *qv = _mm512_loadu_ps(q.as_ptr().add(16 * i));
+        }
+        let mut j = 0;
+        while j + 8 <= scores.len() {
+            dot8_rows_64(
+                &qv,
+                rows.as_ptr().add(j * 64),
+                scale,
+                scores.as_mut_ptr().add(j),
+            );
+            j += 8;
+        }
+        for (j, s) in scores.iter_mut().enumerate().skip(j) {
+            *s = dot_inline(q, rows.get_unchecked(j * 64..(j + 1) * 64)) * scale;
+        }
+    }
+
+    /// Eight rows of 64 against `q` (`qv`: its four 16-lane pieces). The
+    /// AVX2 kernel keeps four 8-lane accumulators per row, the first over
+    /// keys 0..8 then 32..40, the second 8..16 then 40..48, and so on, and
+    /// sums them as `(acc0 + acc1) + (acc2 + acc3)`, then the eight lanes as
+    /// `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`. Here `a` is `[acc0 | acc1]`
+    /// and `b` `[acc2 | acc3]`, and the eight rows' sums are formed by
+    /// shuffles that add exactly those pairs.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    #[inline]
+    unsafe fn dot8_rows_64<E: KvElem>(qv: &[__m512; 4], rows: *const E, scale: f32, out: *mut f32) {
+        // Per pair of rows: [v_r0 | v_r1], each v = (acc0 + acc1) + (acc2 + acc3).
+        let mut w = [_mm512_setzero_ps(); 4];
+        for (pair, w) in w.iter_mut().enumerate() {
+            let mut ab = [[_mm512_setzero_ps(); 2]; 2];
+            for (r, ab) in ab.iter_mut().enumerate() {
+                let k = rows.add((2 * pair + r) * 64);
+                let zero = _mm512_setzero_ps();
+                let a = _mm512_fmadd_ps(qv[0], E::load16(k), zero);
+                let b = _mm512_fmadd_ps(qv[1], E::load16(k.add(16)), zero);
+                ab[0] = _mm512_fmadd_ps(qv[2], E::load16(k.add(32)), a);
+                ab[1] = _mm512_fmadd_ps(qv[3], E::load16(k.add(48)), b);
+            }
+            // [x_r0.lo + x_r0.hi | x_r1.lo + x_r1.hi] for x = a, b.
+            let halves = |x0: __m512, x1: __m512| {
+                _mm512_add_ps(
+                    _mm512_shuffle_f32x4::<0x44>(x0, x1),
+                    _mm512_shuffle_f32x4::<0xEE>(x0, x1),
+                )
+            };
+            *w = _mm512_add_ps(halves(ab[0][0], ab[1][0]), halves(ab[0][1], ab[1][1]));
+        }
+        // Quarter r of x: v_r[0..4] + v_r[4..8], rows 0..4 and 4..8.
+        let fold = |w0: __m512, w1: __m512| {
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0x88>(w0, w1),
+                _mm512_shuffle_f32x4::<0xDD>(w0, w1),
+            )
+        };
+        let (x0, x1) = (fold(w[0], w[1]), fold(w[2], w[3]));
+        // Quarter q: [u_q0, u_q1, u_(q+4)0, u_(q+4)1], u_r[l] = t_r[l] + t_r[l + 2].
+        let y = _mm512_add_ps(
+            _mm512_shuffle_ps::<0x44>(x0, x1),
+            _mm512_shuffle_ps::<0xEE>(x0, x1),
+        );
+        // Quarter q: [d_q, d_(q+4), d_q, d_(q+4)], d_r = u_r0 + u_r1.
+        let z = _mm512_add_ps(
+            _mm512_shuffle_ps::<0x88>(y, y),
+            _mm512_shuffle_ps::<0xDD>(y, y),
+        );
+        let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+        let sums = _mm512_castps512_ps256(_mm512_permutexvar_ps(order, z));
+        _mm256_storeu_ps(out, _mm256_mul_ps(sums, _mm256_set1_ps(scale)));
+    }
+
+    /// AVX-512 [`axpy_rows`](super::axpy_rows) for 64-wide heads: up to
+    /// three heads at a time, each in four registers, all fed by one load of
+    /// each V row.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    pub(super) unsafe fn axpy_rows_64<E: KvElem>(
+        layout: HeadsLayout,
+        p: &[f32],
+        rows: &[E],
+        out: &mut [f32],
+    ) {
+        let mut h = 0;
+        while h < layout.heads {
+            match layout.heads - h {
+                1 => heads_64::<E, 1>(layout, h, p, rows, out),
+                2 => heads_64::<E, 2>(layout, h, p, rows, out),
+                _ => heads_64::<E, 3>(layout, h, p, rows, out),
+            }
+            h += 3;
+        }
+    }
+
+    /// Heads `first..first + G` of [`axpy_rows_64`].
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    #[inline]
+    unsafe fn heads_64<E: KvElem, const G: usize>(
+        layout: HeadsLayout,
+        first: usize,
+        p: &[f32],
+        rows: &[E],
+        out: &mut [f32],
+    ) {
+        let po = out.as_mut_ptr().add(first * layout.out_stride);
+        let pp = p.as_ptr().add(first * layout.p_stride);
+        let mut acc = [[_mm512_setzero_ps(); 4]; G];
+        for (g, acc) in acc.iter_mut().enumerate() {
+            for (k, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm512_loadu_ps(po.add(g * layout.out_stride + 16 * k));
+            }
+        }
+        for j in 0..layout.keys {
+            let row = rows.as_ptr().add(j * 64);
+            let v = [
+                E::load16(row),
+                E::load16(row.add(16)),
+                E::load16(row.add(32)),
+                E::load16(row.add(48)),
+            ];
+            for (g, acc) in acc.iter_mut().enumerate() {
+                let a = _mm512_set1_ps(*pp.add(g * layout.p_stride + j));
+                for (acc, v) in acc.iter_mut().zip(v) {
+                    *acc = _mm512_fmadd_ps(a, v, *acc);
+                }
+            }
+        }
+        for (g, acc) in acc.iter().enumerate() {
+            for (k, acc) in acc.iter().enumerate() {
+                _mm512_storeu_ps(po.add(g * layout.out_stride + 16 * k), *acc);
+            }
         }
     }
 }
@@ -225,18 +424,35 @@ mod tests {
                     assert_eq!(g.to_bits(), want.to_bits(), "hd {hd} row {j}");
                 }
             }
-            let start = rng.normals(hd);
-            let mut want = start.clone();
-            for (p, rows) in &tiles {
-                let rows = widened(rows);
-                for (j, &p) in p.iter().enumerate() {
-                    axpy(p, &rows[j * hd..(j + 1) * hd], &mut want);
+            // Up to four heads, their weights and outputs interleaved with
+            // unused floats, each tile adding to what the last left.
+            for heads in 1..=4 {
+                let (p_stride, out_stride) = (19, hd + 5);
+                let start = rng.normals(heads * out_stride);
+                let mut want = start.clone();
+                let mut got = start;
+                for (_, rows) in &tiles {
+                    let keys = (rows.len() - 3) / hd;
+                    let p = rng.normals(heads * p_stride);
+                    let wide = widened(rows);
+                    for h in 0..heads {
+                        let out = &mut want[h * out_stride..][..hd];
+                        for j in 0..keys {
+                            axpy(p[h * p_stride + j], &wide[j * hd..(j + 1) * hd], out);
+                        }
+                    }
+                    let layout = HeadsLayout {
+                        heads,
+                        keys,
+                        head_dim: hd,
+                        p_stride,
+                        out_stride,
+                    };
+                    axpy_rows(layout, &p, rows, &mut got);
                 }
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "hd {hd}, {heads} heads");
             }
-            let mut got = start;
-            axpy_rows(tiles.iter().map(|(p, r)| (&p[..], &r[..])), &mut got);
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&got), bits(&want), "hd {hd}");
         }
     }
 

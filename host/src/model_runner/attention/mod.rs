@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::kv_cache::{KvCache, KvTiles, KvView};
 use crate::kernels::{
-    axpy, axpy_rows, dot_rows_scaled, prefetch, softmax_parts, KvElem, ThreadPool,
+    axpy, axpy_rows, dot_rows_scaled, prefetch, softmax_parts, HeadsLayout, KvElem, ThreadPool,
 };
 pub(crate) use plan::AttnPlan;
 use plan::SPLIT_MAX_QUERIES;
@@ -362,11 +362,19 @@ impl<'a, E: KvElem> HeadKv<'a, E> {
             record[2..].fill(0.0);
         }
         for (first, _, v) in self.tiles(keys) {
-            let n = v.len() / hd;
-            for h in 0..heads {
-                let acc = &mut parts[h * head_stride + 2..][..hd];
-                axpy_rows(std::iter::once((&scores[row(h, first, n)], v)), acc);
-            }
+            let layout = HeadsLayout {
+                heads,
+                keys: v.len() / hd,
+                head_dim: hd,
+                p_stride: CHUNK_TOKENS,
+                out_stride: head_stride,
+            };
+            axpy_rows(
+                layout,
+                &scores[row(0, first, 0).start..],
+                v,
+                &mut parts[2..],
+            );
         }
     }
 }
