@@ -8,6 +8,7 @@
 //! of the f32 kernels (batch invariance, agreement between plans) carries
 //! over. Only storing rounds, once, when a token's K and V are written.
 
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 /// A KV-cache element: stored from f32 (rounding to nearest, ties to
@@ -73,9 +74,7 @@ unsafe impl KvElem for f16 {
     }
 
     fn store(src: &[f32], dst: &mut [f16]) {
-        for (d, &s) in dst.iter_mut().zip(src) {
-            *d = f16::from_f32(s);
-        }
+        dst.convert_from_f32_slice(src);
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -102,9 +101,7 @@ unsafe impl KvElem for bf16 {
     }
 
     fn store(src: &[f32], dst: &mut [bf16]) {
-        for (d, &s) in dst.iter_mut().zip(src) {
-            *d = bf16::from_f32(s);
-        }
+        dst.convert_from_f32_slice(src);
     }
 
     /// A bfloat16 is the top half of an f32: widen each to 32 bits and
