@@ -7,12 +7,15 @@
 //! A query's keys are cut into chunks of [`CHUNK_TOKENS`] at fixed
 //! positions. Each chunk gives a partial result — its largest score, the sum
 //! of its `exp(score - largest)` and their weighted sum of V — and the
-//! partials are merged in chunk order (flash-decoding's split-K). The
-//! chunking depends only on the position, so a query gets the same bits
-//! however the work is cut: in one item that does all its chunks, or spread
-//! over the threads, one item per chunk, when a decode batch is too small to
-//! keep them busy otherwise (see [`AttnPlan::build`]). Either way each K and
-//! V tile is read once for all the query heads that share it.
+//! partials are folded in chunk order (flash-decoding's split-K) by
+//! [`fold`]. The chunking depends only on the position, so a query gets the
+//! same bits however the work is cut: in one item that does all its chunks,
+//! or spread over the threads, one item per chunk, when a decode batch is
+//! too small to keep them busy otherwise (see [`AttnPlan::build`]). Either
+//! way each K and V tile is read once for all the query heads that share
+//! it, and an item of several queries runs them chunk by chunk, so a
+//! chunk's K and V (64 KiB in f32) are read from memory once and from L2
+//! for the rest of its queries.
 
 mod plan;
 #[cfg(test)]
@@ -26,7 +29,7 @@ use crate::kernels::{
     axpy, axpy_rows, dot_rows_scaled, prefetch, softmax_parts, HeadsLayout, KvElem, ThreadPool,
 };
 pub(crate) use plan::AttnPlan;
-use plan::SPLIT_MAX_QUERIES;
+use plan::{QUERIES_PER_ITEM, SPLIT_MAX_QUERIES};
 
 /// Keys per chunk: long enough that merging costs little next to the
 /// chunk (a few percent of a 4096-token prefill), short enough that a
@@ -83,8 +86,9 @@ impl AttnDims {
 
 /// Attention's working memory, sized once for the longest context.
 pub(crate) struct AttnScratch {
-    /// Per thread: `group` rows of [`CHUNK_TOKENS`] scores, then `group`
-    /// rows of `max_chunks` partials.
+    /// Per thread: `group` rows of [`CHUNK_TOKENS`] scores, `group` chunk
+    /// records, then the running records of an item's queries
+    /// (`QUERIES_PER_ITEM × group`).
     per_thread: Vec<f32>,
     /// Threads it has room for.
     n_threads: usize,
@@ -100,13 +104,17 @@ impl AttnScratch {
     /// Zeroed allocations, so pages no step reaches are never resident.
     pub fn new(dims: AttnDims, n_threads: usize, max_model_len: usize) -> AttnScratch {
         let max_chunks = chunks_of(max_model_len);
-        let head_stride = max_chunks * dims.part_len();
         AttnScratch {
-            per_thread: vec![0.0; n_threads * dims.group() * (CHUNK_TOKENS + head_stride)],
+            per_thread: vec![0.0; n_threads * Self::thread_len(dims)],
             n_threads,
             max_chunks,
-            split: vec![0.0; SPLIT_MAX_QUERIES * dims.num_heads * head_stride],
+            split: vec![0.0; SPLIT_MAX_QUERIES * dims.num_heads * max_chunks * dims.part_len()],
         }
+    }
+
+    /// Floats of one thread's part of `per_thread`.
+    fn thread_len(dims: AttnDims) -> usize {
+        dims.group() * (CHUNK_TOKENS + (1 + QUERIES_PER_ITEM) * dims.part_len())
     }
 }
 
@@ -200,7 +208,7 @@ fn attend<E: KvElem>(
     );
     let (hd, group, part) = (dims.head_dim, dims.group(), dims.part_len());
     let head_stride = scratch.max_chunks * part;
-    let thread_len = group * (CHUNK_TOKENS + head_stride);
+    let thread_len = AttnScratch::thread_len(dims);
     let out_ptr = SharedOut(out.as_mut_ptr());
     let thread_ptr = SharedOut(scratch.per_thread.as_mut_ptr());
     let split_ptr = SharedOut(scratch.split.as_mut_ptr());
@@ -209,7 +217,8 @@ fn attend<E: KvElem>(
         // SAFETY: thread `tid` owns its slice of the per-thread scratch
         // (inside it: `tid < n_threads`, checked above).
         let mine = unsafe { thread_ptr.slice(tid * thread_len, thread_len) };
-        let (scores, parts) = mine.split_at_mut(group * CHUNK_TOKENS);
+        let (scores, rest) = mine.split_at_mut(group * CHUNK_TOKENS);
+        let (record, running) = rest.split_at_mut(group * part);
         loop {
             let i = next.fetch_add(1, Ordering::Relaxed);
             let Some(item) = args.plan.items.get(i) else {
@@ -225,31 +234,51 @@ fn attend<E: KvElem>(
                 prefetch: item.q_end - item.q_begin == 1,
             };
             let width = item.heads * hd;
-            for qi in item.q_begin..item.q_end {
-                let token = s.token_start + qi;
-                let q_at = token * args.q_stride + item.head * hd;
-                let q = &args.q[q_at..q_at + width];
-                let pos = s.pos(qi);
-                if let Some(p) = item.split {
-                    kv.chunk_partial(q, pos, p.chunk, scores, parts, head_stride);
-                    for h in 0..item.heads {
-                        let record = (p.slot * dims.num_heads + item.head + h) * head_stride;
-                        // SAFETY: (slot, head, chunk) belongs to this item
-                        // only, and `slot < SPLIT_MAX_QUERIES` (checked).
-                        let dst = unsafe { split_ptr.slice(record + p.chunk * part, part) };
-                        dst.copy_from_slice(&parts[h * head_stride..][..part]);
+            let query = |qi: usize| {
+                let at = (s.token_start + qi) * args.q_stride + item.head * hd;
+                &args.q[at..at + width]
+            };
+            if let Some(p) = item.split {
+                let pos = s.pos(item.q_begin);
+                kv.chunk_partial(query(item.q_begin), pos, p.chunk, scores, record);
+                for (h, r) in record.chunks_exact(part).take(item.heads).enumerate() {
+                    let at = (p.slot * dims.num_heads + item.head + h) * head_stride;
+                    // SAFETY: (slot, head, chunk) belongs to this item
+                    // only, and `slot < SPLIT_MAX_QUERIES` (checked).
+                    unsafe { split_ptr.slice(at + p.chunk * part, part) }.copy_from_slice(r);
+                }
+                continue;
+            }
+            // Chunk by chunk, each chunk for all the item's queries that
+            // reach it; query `j`'s head `h` folds into running record
+            // `j * heads + h`.
+            let queries = item.q_begin..item.q_end;
+            for c in 0..chunks_of(s.pos(item.q_end - 1) + 1) {
+                for (j, qi) in queries.clone().enumerate() {
+                    let pos = s.pos(qi);
+                    if c >= chunks_of(pos + 1) {
+                        continue;
                     }
-                    continue;
+                    kv.chunk_partial(query(qi), pos, c, scores, record);
+                    let mine = &mut running[j * item.heads * part..];
+                    let records = record.chunks_exact(part).take(item.heads);
+                    for (acc, r) in mine.chunks_exact_mut(part).zip(records) {
+                        if c == 0 {
+                            acc.copy_from_slice(r);
+                        } else {
+                            fold(acc, r);
+                        }
+                    }
                 }
-                let n_chunks = chunks_of(pos + 1);
-                for c in 0..n_chunks {
-                    kv.chunk_partial(q, pos, c, scores, &mut parts[c * part..], head_stride);
-                }
+            }
+            for (j, qi) in queries.enumerate() {
+                let token = s.token_start + qi;
                 // SAFETY: (token, heads) belong to this item only, and the
                 // range lies inside `out` (checked above).
                 let o = unsafe { out_ptr.slice(token * row_stride + item.head * hd, width) };
-                for (h, o) in o.chunks_exact_mut(hd).enumerate() {
-                    merge(&parts[h * head_stride..][..n_chunks * part], o);
+                let mine = running[j * item.heads * part..].chunks_exact(part);
+                for (o, acc) in o.chunks_exact_mut(hd).zip(mine) {
+                    finish(acc, o);
                 }
             }
         }
@@ -258,7 +287,6 @@ fn attend<E: KvElem>(
     if split.is_empty() {
         return;
     }
-    let records = &scratch.split;
     let next = AtomicUsize::new(0);
     pool.run(|_, _| loop {
         let i = next.fetch_add(1, Ordering::Relaxed);
@@ -268,9 +296,13 @@ fn attend<E: KvElem>(
         let (slot, head) = (i / dims.num_heads, i % dims.num_heads);
         let q = split[slot];
         let at = (slot * dims.num_heads + head) * head_stride;
-        // SAFETY: (token, head) belongs to this index only, inside `out`.
+        // SAFETY: (slot, head)'s records and (token, head)'s output belong
+        // to this index only; both lie inside their buffers (checked).
+        let records = unsafe { split_ptr.slice(at, chunks_of(q.pos + 1) * part) };
+        let (acc, rest) = records.split_at_mut(part);
+        rest.chunks_exact(part).for_each(|r| fold(acc, r));
         let o = unsafe { out_ptr.slice(q.token * row_stride + head * hd, hd) };
-        merge(&records[at..at + chunks_of(q.pos + 1) * part], o);
+        finish(acc, o);
     });
 }
 
@@ -313,7 +345,7 @@ impl<'a, E: KvElem> HeadKv<'a, E> {
 
     /// The partial results of chunk `chunk` of a query at `pos` for each
     /// of its heads (`q`: the heads one after the other): head `h`'s record
-    /// `[max, sum, acc]` goes to `parts[h * head_stride..]`. `scores` holds
+    /// `[max, sum, acc]` goes to `records[h * part_len..]`. `scores` holds
     /// a [`CHUNK_TOKENS`] row per head. Each K and V piece is read once for
     /// all the heads; per head the operations and their order are those of
     /// one head alone.
@@ -323,10 +355,9 @@ impl<'a, E: KvElem> HeadKv<'a, E> {
         pos: usize,
         chunk: usize,
         scores: &mut [f32],
-        parts: &mut [f32],
-        head_stride: usize,
+        records: &mut [f32],
     ) {
-        let hd = self.dims.head_dim;
+        let (hd, part) = (self.dims.head_dim, self.dims.part_len());
         let heads = q.len() / hd;
         let start = chunk * CHUNK_TOKENS;
         let keys = start..(start + CHUNK_TOKENS).min(pos + 1);
@@ -356,7 +387,7 @@ impl<'a, E: KvElem> HeadKv<'a, E> {
         }
         for h in 0..heads {
             let (max, sum) = softmax_parts(&mut scores[row(h, start, keys.len())]);
-            let record = &mut parts[h * head_stride..][..self.dims.part_len()];
+            let record = &mut records[h * part..][..part];
             record[0] = max;
             record[1] = sum;
             record[2..].fill(0.0);
@@ -367,32 +398,43 @@ impl<'a, E: KvElem> HeadKv<'a, E> {
                 keys: v.len() / hd,
                 head_dim: hd,
                 p_stride: CHUNK_TOKENS,
-                out_stride: head_stride,
+                out_stride: part,
             };
             axpy_rows(
                 layout,
                 &scores[row(0, first, 0).start..],
                 v,
-                &mut parts[2..],
+                &mut records[2..],
             );
         }
     }
 }
 
-/// A query head's output from its chunks' records (`[max, sum, acc]` each,
-/// in key order): every chunk weighted by `exp(its max - the largest)`, in
-/// chunk order, then divided by the weighted sum.
-fn merge(parts: &[f32], out: &mut [f32]) {
-    let part = out.len() + 2;
-    let records = || parts.chunks_exact(part);
-    let max = records().map(|r| r[0]).fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
-    out.fill(0.0);
-    for r in records() {
-        let w = (r[0] - max).exp();
-        sum += w * r[1];
-        axpy(w, &r[2..], out);
+/// Folds chunk record `r` into the running record `acc` (both `[max, sum,
+/// weighted V]`, `acc` holding the chunks before `r`): the side with the
+/// smaller max is scaled by `exp(its max - the larger)`. Every plan folds a
+/// query's chunks in chunk order with this one function, so the plan never
+/// changes a bit.
+fn fold(acc: &mut [f32], r: &[f32]) {
+    if r[0] > acc[0] {
+        let w = (acc[0] - r[0]).exp();
+        acc[0] = r[0];
+        acc[1] = acc[1] * w + r[1];
+        for (a, &x) in acc[2..].iter_mut().zip(&r[2..]) {
+            *a = *a * w + x;
+        }
+    } else {
+        let w = (r[0] - acc[0]).exp();
+        acc[1] += w * r[1];
+        axpy(w, &r[2..], &mut acc[2..]);
     }
-    let inv = 1.0 / sum;
-    out.iter_mut().for_each(|o| *o *= inv);
+}
+
+/// A query head's output from its folded record: the weighted sum of V
+/// divided by the sum of the weights.
+fn finish(acc: &[f32], out: &mut [f32]) {
+    let inv = 1.0 / acc[1];
+    for (o, &a) in out.iter_mut().zip(&acc[2..]) {
+        *o = a * inv;
+    }
 }

@@ -4,7 +4,7 @@ use super::{chunks_of, AttnDims, SeqSpan, CHUNK_TOKENS};
 
 /// Queries per work item: small enough to balance a prefill chunk over the
 /// threads, large enough that taking an item costs nothing in comparison.
-const QUERIES_PER_ITEM: usize = 16;
+pub(crate) const QUERIES_PER_ITEM: usize = 16;
 
 /// Most query tokens a step may have for its chunks to be spread over the
 /// threads (see [`AttnPlan::build`]); bounds the shared partials buffer.

@@ -185,11 +185,13 @@ fn every_plan_gives_textbook_attention_and_the_same_bits() {
 }
 
 fn every_plan_agrees(dtype: KvDtype) {
-    // A decode over 300 tokens (three chunks), a 150-token prefill and a
-    // five-token tail of a 20-token context.
+    // A decode over 300 tokens (three chunks), a 150-token prefill, a
+    // five-token tail of a 20-token context, and the last 50 tokens of the
+    // 300, whose 16-query items straddle the chunk border at 256.
     let fx = Fixture::new(&[300, 150, 20], dtype);
-    let steps: [&[(usize, usize)]; 4] = [
+    let steps: [&[(usize, usize)]; 5] = [
         &[(0, 1), (1, 150), (2, 5)],
+        &[(0, 50), (2, 5)],
         &[(0, 1), (2, 5)],
         &[(2, 5)],
         &[(2, 1)],
