@@ -41,6 +41,8 @@ mod rope;
 mod testutil;
 mod tiles;
 mod vector;
+#[cfg(target_arch = "x86_64")]
+mod vector_avx512;
 mod weights;
 
 pub use cpu::{cpu_description, CpuKernels, KERNELS_ENV};

@@ -3,8 +3,10 @@
 //! kernels in [`super::tiles`] share).
 //!
 //! Each has a portable version (`*_scalar`, also the test reference) and an
-//! AVX2 version chosen at run time. `exp` in the SIMD versions is our own
-//! polynomial ([`exp_avx2`]), accurate to a few ulp.
+//! AVX2 version chosen at run time; softmax, which attention runs on every
+//! score, also has an AVX-512 one (in `vector_avx512`) with the AVX2 one's
+//! bits. `exp` in the SIMD versions is our own polynomial ([`exp_avx2`]),
+//! accurate to a few ulp.
 
 use super::kv_elem::KvElem;
 
@@ -73,6 +75,11 @@ pub(crate) fn silu_mul_scalar(gate: &mut [f32], up: &[f32]) {
 /// 0; all of them masked (or none at all) gives `(-inf, 0)`.
 pub fn softmax_parts(x: &mut [f32]) -> (f32, f32) {
     #[cfg(target_arch = "x86_64")]
+    if super::cpu::has_avx512() {
+        // SAFETY: AVX-512 F (with AVX2 and FMA) is present.
+        return unsafe { super::vector_avx512::softmax_parts(x) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if super::cpu::has_avx2() {
         // SAFETY: AVX2 is present.
         return unsafe { avx2::softmax_parts(x) };
@@ -134,17 +141,35 @@ pub(crate) fn axpy_portable<E: KvElem>(alpha: f32, x: &[E], y: &mut [f32]) {
     }
 }
 
+/// ln2 split in two so that `n * EXP_LN2_HI` is exact (the SIMD `exp`s).
+#[cfg(target_arch = "x86_64")]
+pub(crate) const EXP_LN2_HI: f32 = 0.693_145_75;
+/// The rest of ln2.
+#[cfg(target_arch = "x86_64")]
+pub(crate) const EXP_LN2_LO: f32 = 1.428_606_8e-6;
+/// The SIMD `exp`s' degree-6 Taylor polynomial, highest power first.
+#[cfg(target_arch = "x86_64")]
+pub(crate) const EXP_TAYLOR: [f32; 7] = [
+    1.0 / 720.0,
+    1.0 / 120.0,
+    1.0 / 24.0,
+    1.0 / 6.0,
+    0.5,
+    1.0,
+    1.0,
+];
+
 /// The AVX2 versions; every function needs AVX2 + FMA (+ F16C where it
 /// reads a KV-cache element type) and equal lengths.
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::KvElem;
+    use super::{KvElem, EXP_LN2_HI, EXP_LN2_LO, EXP_TAYLOR};
 
     /// Sum of the 8 lanes.
     #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
+    pub(crate) unsafe fn hsum(v: __m256) -> f32 {
         let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
         let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
         _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)))
@@ -163,12 +188,11 @@ pub(crate) mod avx2 {
         let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
             _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
         );
-        // ln2 split in two so that n * LN2_HI is exact.
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_145_75), x);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428_606_8e-6), r);
-        let mut p = _mm256_set1_ps(1.0 / 720.0);
-        for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
-            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_HI), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_LO), r);
+        let mut p = _mm256_set1_ps(EXP_TAYLOR[0]);
+        for c in &EXP_TAYLOR[1..] {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
         }
         // 2^n as two factors, so n down to -150 (denormals) still works.
         let n = _mm256_cvtps_epi32(n);
