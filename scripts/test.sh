@@ -66,7 +66,7 @@ cargo test --workspace --all-targets
 # softmax are not), so the batched-vs-alone tests (with an f32 and with
 # half-width KV caches) run with each family forced in turn, skipping those
 # the CPU lacks (`host` refuses them).
-for kernels in scalar avx2 avxvnni avx512vnni; do
+for kernels in scalar avx2 avxvnni avx512vnni amx; do
     if HOST_CPU_KERNELS=$kernels target/debug/host config show >/dev/null 2>&1; then
         HOST_CPU_KERNELS=$kernels cargo test -p e2e --test engine -- \
             batched_greedy_equals_one_at_a_time half_width_kv_caches

@@ -4,8 +4,8 @@
 use std::sync::OnceLock;
 
 /// The environment variable that forces a kernel family: `scalar`, `avx2`,
-/// `avxvnni`, `avx512vnni`, or `auto` (the default: the fastest the CPU
-/// supports).
+/// `avxvnni`, `avx512vnni`, `amx`, or `auto` (the default: the fastest the
+/// CPU supports).
 pub const KERNELS_ENV: &str = "HOST_CPU_KERNELS";
 
 /// A family of CPU kernels. The quantized matmuls of every family compute
@@ -28,15 +28,20 @@ pub enum CpuKernels {
     /// AVX2's set plus AVX-512 F/BW/VL and VNNI (512-bit `vpdpbusd` integer
     /// dot products) for the quantized matmuls.
     Avx512Vnni,
+    /// AVX-512 VNNI's set plus AMX int8 tiles (`tdpbssd`, 16 × 16 × 32
+    /// per instruction) for quantized matmuls of 16 tokens or more; needs
+    /// Linux's permission for tile state, which detection asks for.
+    Amx,
 }
 
 impl CpuKernels {
     /// Every family, slowest first.
-    pub const ALL: [CpuKernels; 4] = [
+    pub const ALL: [CpuKernels; 5] = [
         CpuKernels::Scalar,
         CpuKernels::Avx2,
         CpuKernels::AvxVnni,
         CpuKernels::Avx512Vnni,
+        CpuKernels::Amx,
     ];
 
     /// The name `HOST_CPU_KERNELS` accepts.
@@ -46,6 +51,7 @@ impl CpuKernels {
             CpuKernels::Avx2 => "avx2",
             CpuKernels::AvxVnni => "avxvnni",
             CpuKernels::Avx512Vnni => "avx512vnni",
+            CpuKernels::Amx => "amx",
         }
     }
 
@@ -56,6 +62,7 @@ impl CpuKernels {
             CpuKernels::Avx2 => has_avx2_fma_f16c(),
             CpuKernels::AvxVnni => has_avx2_fma_f16c() && has_avx_vnni(),
             CpuKernels::Avx512Vnni => has_avx2_fma_f16c() && has_avx512_vnni(),
+            CpuKernels::Amx => has_avx2_fma_f16c() && has_avx512_vnni() && has_amx_int8(),
         }
     }
 
@@ -63,12 +70,13 @@ impl CpuKernels {
     /// (`Packed::Q4Interleaved`, `Packed::Q8Interleaved`), or `None` for
     /// row after row. The interleaved kernels need no horizontal sums and
     /// read one stream per group: AVX2 takes groups of 8 rows (one row per
-    /// 32-bit lane of a 256-bit vector), AVX-512 VNNI groups of 16. AVX-VNNI
-    /// keeps its row-major kernels (not measured on a machine with it).
+    /// 32-bit lane of a 256-bit vector), AVX-512 VNNI groups of 16, which
+    /// are also AMX's weight tiles. AVX-VNNI keeps its row-major kernels
+    /// (not measured on a machine with it).
     pub fn interleave_group(self) -> Option<usize> {
         match self {
             CpuKernels::Avx2 => Some(super::interleaved::AVX2_GROUP),
-            CpuKernels::Avx512Vnni => Some(super::interleaved::AVX512_GROUP),
+            CpuKernels::Avx512Vnni | CpuKernels::Amx => Some(super::interleaved::AVX512_GROUP),
             CpuKernels::Scalar | CpuKernels::AvxVnni => None,
         }
     }
@@ -198,6 +206,28 @@ fn has_avx512_vnni() -> bool {
         && is_x86_feature_detected!("avx512vnni")
 }
 
+/// The AMX family's extra CPU features (CPUID leaf 7: AMX-TILE, AMX-INT8;
+/// the standard library's detection of them is not stable) and this
+/// process's permission to use tile state, asked for once.
+#[cfg(target_arch = "x86_64")]
+fn has_amx_int8() -> bool {
+    static USABLE: OnceLock<bool> = OnceLock::new();
+    *USABLE.get_or_init(|| {
+        // SAFETY: CPUID leaf 7 exists on every x86-64 CPU with AVX2, which
+        // the callers check first.
+        #[allow(unused_unsafe)]
+        let edx = unsafe { std::arch::x86_64::__cpuid_count(7, 0) }.edx;
+        let (tile, int8) = (edx >> 24 & 1 == 1, edx >> 25 & 1 == 1);
+        tile && int8 && super::gemm_amx::request_permission()
+    })
+}
+
+/// Other architectures run the portable scalar kernels.
+#[cfg(not(target_arch = "x86_64"))]
+fn has_amx_int8() -> bool {
+    false
+}
+
 /// Other architectures run the portable scalar kernels.
 #[cfg(not(target_arch = "x86_64"))]
 fn has_avx2_fma_f16c() -> bool {
@@ -223,8 +253,9 @@ mod tests {
 
     #[test]
     fn the_override_picks_a_supported_family_or_explains() {
-        let all = [Scalar, Avx2, AvxVnni, Avx512Vnni];
-        assert_eq!(choose(None, &all), Ok(Avx512Vnni));
+        let all = [Scalar, Avx2, AvxVnni, Avx512Vnni, Amx];
+        assert_eq!(choose(None, &all), Ok(Amx));
+        assert_eq!(choose(None, &all[..4]), Ok(Avx512Vnni));
         assert_eq!(choose(Some("auto"), &[Scalar, Avx2]), Ok(Avx2));
         assert_eq!(choose(Some("auto"), &[Scalar, Avx2, AvxVnni]), Ok(AvxVnni));
         assert_eq!(choose(Some("avxvnni"), &all), Ok(AvxVnni));
@@ -269,6 +300,8 @@ mod tests {
         // In preference order, and every SIMD family includes AVX2.
         assert!(available.windows(2).all(|w| w[0] < w[1]));
         assert!(available.len() < 3 || available[1] == Avx2);
+        // AMX's kernel runs AVX-512 VNNI's for small batches.
+        assert!(!available.contains(&Amx) || available.contains(&Avx512Vnni));
         assert_eq!(
             available.len(),
             CpuKernels::ALL.iter().filter(|k| k.is_supported()).count()

@@ -47,11 +47,12 @@ pub(crate) fn gemv_rows(
             let data = Interleaved::Q8(qs.as_slice(), d);
             gemv_interleaved(kernels, *group, data, w, acts, n_tokens, rows, out)
         }
-        // AVX-512 VNNI matrices are interleaved; a row-major one (only a
-        // test makes it) is read with the AVX2 kernels that family includes.
+        // AVX-512 VNNI and AMX matrices are interleaved; a row-major one
+        // (only a test makes it) is read with the AVX2 kernels those
+        // families include.
         // SAFETY: the CPU has the family's features (asserted above).
         #[cfg(target_arch = "x86_64")]
-        (CpuKernels::Avx2 | CpuKernels::Avx512Vnni, _) => unsafe {
+        (CpuKernels::Avx2 | CpuKernels::Avx512Vnni | CpuKernels::Amx, _) => unsafe {
             super::gemv_avx2::gemv_rows(w, acts, n_tokens, rows, out)
         },
         // SAFETY: as above.
@@ -60,7 +61,7 @@ pub(crate) fn gemv_rows(
             super::gemv_avx2::gemv_rows_vnni(w, acts, n_tokens, rows, out)
         },
         #[cfg(not(target_arch = "x86_64"))]
-        (CpuKernels::Avx2 | CpuKernels::AvxVnni | CpuKernels::Avx512Vnni, _) => {
+        (CpuKernels::Avx2 | CpuKernels::AvxVnni | CpuKernels::Avx512Vnni | CpuKernels::Amx, _) => {
             unreachable!("never supported here")
         }
     }
@@ -68,7 +69,8 @@ pub(crate) fn gemv_rows(
 
 /// [`gemv_rows`] for an interleaved matrix (`data`, in groups of `group`
 /// rows) with a SIMD family: every one has AVX2 and F16C, all the 8-row
-/// kernels need; the 16-row layout needs AVX-512 VNNI, and families
+/// kernels need; the 16-row layout needs AVX-512 VNNI (AMX for batches of
+/// [`MIN_TOKENS`](super::gemm_amx::MIN_TOKENS) or more), and families
 /// without it (which never choose that layout, though a test may hand it
 /// to them) read it with the scalar code.
 #[cfg(target_arch = "x86_64")]
@@ -98,6 +100,9 @@ fn gemv_interleaved(
         (AVX2_GROUP, _) => unsafe { super::gemv_x8_avx2::gemv_rows(job) },
         // SAFETY: as above.
         (AVX512_GROUP, CpuKernels::Avx512Vnni) => unsafe { super::gemv_x16_avx512::gemv_rows(job) },
+        // SAFETY: as above; supporting AMX means this process holds the
+        // tile permission.
+        (AVX512_GROUP, CpuKernels::Amx) => unsafe { super::gemm_amx::gemv_rows(job) },
         _ => gemv_rows_scalar(w, acts, n_tokens, job.rows, out),
     }
 }

@@ -354,7 +354,7 @@ impl Place {
 
 /// The groups of `group` rows that `rows` (of a matrix of `n_rows`) touches,
 /// with the place in `out` of each one's results.
-fn groups(
+pub(crate) fn groups(
     group: usize,
     n_rows: usize,
     rows: Range<usize>,

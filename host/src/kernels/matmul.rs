@@ -259,7 +259,8 @@ mod tests {
     /// qkv and gate/up, o, down, a slice of the LM head's rows) and odd ones
     /// (1 and 5 blocks, a 9-block row with a 1-block tail, 65 blocks; row
     /// counts that leave a partial group), for 1 to 11 tokens
-    /// (every tail of the 4-token tiles) and prefill-size batches, split
+    /// (every tail of the 4-token tiles), AMX's 16-token tiles whole and with
+    /// a tail, and prefill-size batches, split
     /// between two "threads" at a row inside a group.
     #[test]
     fn every_kernel_family_matches_scalar_bit_for_bit() {
@@ -287,7 +288,8 @@ mod tests {
                 let layouts = [None, Some(AVX2_GROUP), Some(AVX512_GROUP)]
                     .map(|g| WeightMatrix::from_tensor_in(&t, g).unwrap());
                 let big = if rows * cols <= 576 * 576 { 512 } else { 64 };
-                for n in (1..=11).chain([big]) {
+                // 16 and 33: AMX's smallest batch, and one past two tiles.
+                for n in (1..=11).chain([16, 33, big]) {
                     let mut x = rng.normals(n * cols);
                     // A zero block (d = 0) and a large one (full-range quants).
                     x[..32].fill(0.0);
@@ -326,13 +328,21 @@ mod tests {
         }
     }
 
-    /// `matmul_on` gives the same bits on every family, whatever the threads.
+    /// `matmul_on` gives the same bits on every family, whatever the threads:
+    /// 13 tokens (the AMX family runs its VNNI kernel) and 40 (its tiles, on
+    /// the pool's worker threads too, which must not die for want of the
+    /// tile permission, as llama.cpp's AMX build does).
     #[test]
     fn matmul_on_every_family_and_pool_agrees() {
         let mut rng = Rng::new(9);
         let pools = [ThreadPool::new(1), ThreadPool::new(3)];
-        for dtype in [DType::Q4_1, DType::Q8_0] {
-            let (rows, cols, n) = (100, 576, 13);
+        for (dtype, n) in [
+            (DType::Q4_1, 13),
+            (DType::Q8_0, 13),
+            (DType::Q4_1, 40),
+            (DType::Q8_0, 40),
+        ] {
+            let (rows, cols) = (100, 576);
             let w = random_matrix(&mut rng, dtype, rows, cols);
             let x = rng.normals(n * cols);
             let mut want = vec![0f32; n * rows];
@@ -355,7 +365,7 @@ mod tests {
                     got.iter()
                         .zip(&want)
                         .all(|(g, w)| g.to_bits() == w.to_bits()),
-                    "{kernels:?} {dtype:?}"
+                    "{kernels:?} {dtype:?} n={n}"
                 );
             }
         }

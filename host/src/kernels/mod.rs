@@ -14,7 +14,9 @@
 //!
 //! x86-64 CPUs with AVX2 + FMA + F16C get SIMD versions, and those with
 //! AVX-512 VNNI (or AVX-VNNI) too get `vpdpbusd` versions of the quantized
-//! matmuls, chosen at run time ([`CpuKernels`]; `HOST_CPU_KERNELS` forces a family); every
+//! matmuls, and those with AMX int8 tiles an AMX version for batches of 16
+//! tokens or more, chosen at run time ([`CpuKernels`]; `HOST_CPU_KERNELS`
+//! forces a family); every
 //! other CPU runs the portable scalar versions, which are also the
 //! references the SIMD versions are tested against. The quantized matmuls
 //! give bit-identical results on every family.
@@ -22,6 +24,8 @@
 mod aligned;
 mod cpu;
 mod gemm;
+#[cfg(target_arch = "x86_64")]
+mod gemm_amx;
 mod gemv;
 #[cfg(target_arch = "x86_64")]
 mod gemv_avx2;

@@ -9,6 +9,10 @@
 use super::aligned::AlignedBytes;
 use super::weights::QK;
 
+/// [`Q8Acts`] holds its tokens padded with zero rows to a multiple of this,
+/// so the AMX kernel can load a whole tile of tokens past the last one.
+pub(crate) const TOKEN_PAD: usize = 16;
+
 /// `n_tokens` rows of `cols` activations in 8-bit blocks.
 #[derive(Default)]
 pub(crate) struct Q8Acts {
@@ -29,20 +33,23 @@ pub(crate) struct Q8Acts {
 
 impl Q8Acts {
     /// Quantizes `x` (`n_tokens` rows of `cols`, `cols % 32 == 0`), reusing
-    /// this buffer's memory.
+    /// this buffer's memory; the rows past `n_tokens` up to a multiple of
+    /// [`TOKEN_PAD`] are zeros.
     pub(crate) fn quantize(&mut self, x: &[f32], n_tokens: usize, cols: usize) {
         debug_assert!(cols.is_multiple_of(QK) && x.len() == n_tokens * cols);
         let blocks = cols / QK;
+        let padded = n_tokens.next_multiple_of(TOKEN_PAD);
         self.cols = cols;
         self.stride = blocks.div_ceil(8) * 8;
-        self.qs.resize(n_tokens * cols);
+        self.qs.resize(padded * cols);
         self.d.clear();
-        self.d.resize(n_tokens * self.stride, 0.0);
+        self.d.resize(padded * self.stride, 0.0);
         self.s.clear();
-        self.s.resize(n_tokens * self.stride, 0.0);
+        self.s.resize(padded * self.stride, 0.0);
         self.sums.clear();
-        self.sums.resize(n_tokens * self.stride, 0);
+        self.sums.resize(padded * self.stride, 0);
         let qs = self.qs.as_mut_slice();
+        qs[n_tokens * cols..].fill(0);
         for t in 0..n_tokens {
             for b in 0..blocks {
                 let at = t * cols + b * QK;
