@@ -13,7 +13,7 @@ npp="${NPP:-128}"
 ntg="${NTG:-128}"
 model=".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 bash scripts/fetch-model.sh >/dev/null
-bash scripts/build-llamacpp.sh >/dev/null
+llama_bin=$(bash scripts/llamacpp-bin.sh)
 cargo build --release -p host --bin host 2>/dev/null
 
 out=$(mktemp -d)
@@ -22,7 +22,7 @@ ctx=$((max_b * (npp + ntg)))
 # Room for every sequence's KV at once: 46,080 bytes per token of SmolLM2.
 kv_bytes=$((ctx * 46080 + (64 << 20)))
 echo "llama-batched-bench ($threads threads, B = $batches) ..." >&2
-.cache/llama.cpp/bin/llama-batched-bench -m "$model" -t "$threads" -c "$ctx" -b 2048 -ub 512 \
+"$llama_bin/llama-batched-bench" -m "$model" -t "$threads" -c "$ctx" -b 2048 -ub 512 \
   -npp "$npp" -ntg "$ntg" -npl "$(echo "$batches" | tr ' ' ',')" --output-format jsonl 2>/dev/null \
   | grep '^{' > "$out/llama.jsonl"
 for b in $batches; do

@@ -25,7 +25,7 @@ out="${OUT:-target/bench-serve.json}"
 model=".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 host_port=18631; llama_port=18632
 bash scripts/fetch-model.sh >/dev/null
-bash scripts/build-llamacpp.sh >/dev/null
+llama_bin=$(bash scripts/llamacpp-bin.sh)
 if [[ -z "${HOST_BIN:-}" ]]; then
   bash scripts/build-release.sh >/dev/null 2>&1
   HOST_BIN=target/release/host
@@ -73,7 +73,7 @@ run() {
 # cache to max_num_seqs x max_model_len).
 ctx=$((p + m + 32))
 echo "llama-server --parallel $c ($threads threads) ..." >&2
-.cache/llama.cpp/bin/llama-server -m "$model" -t "$threads" --parallel "$c" -c $((c * ctx)) \
+"$llama_bin/llama-server" -m "$model" -t "$threads" --parallel "$c" -c $((c * ctx)) \
   --host 127.0.0.1 --port "$llama_port" >"$work/llama.log" 2>&1 &
 pid=$!
 run llama-server "$llama_port"

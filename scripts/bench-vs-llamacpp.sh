@@ -3,7 +3,7 @@
 # llama.cpp's llama-bench and `host bench` in the same run, same threads,
 # their repetitions interleaved (llama, host, llama, host, ...) so that the
 # drift of a shared machine falls on both alike; medians and their ratio.
-# Needs scripts/build-llamacpp.sh (run automatically) and a release build
+# Needs a llama.cpp build (scripts/llamacpp-bin.sh, run automatically) and a release build
 # of host. Not part of CI: it takes minutes and the machines are noisy.
 # HOST_CPU_KERNELS forces host's kernel family (see docs/benchmarks.md);
 # DEPTH=4096 runs both tests after that many tokens of context (llama-bench's
@@ -19,17 +19,8 @@ depth="${DEPTH:-0}"
 kv_dtype="${KV_DTYPE:-auto}"
 model=".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 bash scripts/fetch-model.sh >/dev/null
-bash scripts/build-llamacpp.sh >/dev/null
+llama="$(bash scripts/llamacpp-bin.sh)/llama-bench"
 cargo build --release -p host --bin host 2>/dev/null
-
-# llama.cpp's AMX build dies with SIGILL on the AMX machines' worker
-# threads: then use (and build once) the copy without it.
-llama=.cache/llama.cpp/bin/llama-bench
-if ! "$llama" -m "$model" -t "$threads" -r 1 -p 8 -n 1 -o json >/dev/null 2>&1; then
-    echo "llama-bench failed its smoke run; using the build without AMX" >&2
-    LLAMA_NO_AMX=1 bash scripts/build-llamacpp.sh >/dev/null
-    llama=.cache/llama.cpp-noamx/bin/llama-bench
-fi
 
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT

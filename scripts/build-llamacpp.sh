@@ -8,8 +8,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 version="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 dest="$root/.cache/llama.cpp"
 # LLAMA_NO_AMX=1 builds a second copy without ggml's AMX code: GGML_NATIVE
-# compiles it in on a CPU with AMX, and there llama-bench's worker threads
-# die with SIGILL (the process never asks Linux for the AMX tile state).
+# compiles it in on a CPU with AMX, and there its programs crash (SIGILL on
+# the worker threads in issue 21's report, SIGSEGV on 2026-12-04).
 # The compiler flags take the AMX instructions away, so ggml's AMX kernels
 # (guarded by __AMX_INT8__) are left out and its AVX-512 VNNI ones run.
 extra_flags=""
