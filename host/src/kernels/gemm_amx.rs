@@ -19,8 +19,10 @@
 //! registers exactly as [`gemv_x16_avx512`](super::gemv_x16_avx512) does
 //! (`acc += (d_w * d_x) * isum (+ m_w * s_x)`, block after block), so the
 //! result is bit for bit [`gemv_rows_scalar`](super::gemv::gemv_rows_scalar)'s.
-//! Two tile sets alternate between blocks, so the tile unit computes one
-//! block while the vector units scale the last.
+//! Two tile sets alternate between blocks, and a block is scaled two
+//! blocks after its product, so the tile unit computes while the vector
+//! units scale (a vector load right after the tile store it reads would
+//! stall both).
 //!
 //! Linux hands out AMX state only to processes that ask
 //! (`arch_prctl(ARCH_REQ_XCOMP_PERM)`): [`request_permission`] does, once
@@ -33,7 +35,7 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 
 use super::aligned::AlignedBytes;
-use super::interleaved::{groups, q4_record, q8_quants, Interleaved, Job, Place, AVX512_GROUP};
+use super::interleaved::{groups, q4_record, Interleaved, Job, Place, AVX512_GROUP};
 use super::quant::{Q8Acts, TOKEN_PAD};
 use super::weights::QK;
 
@@ -138,24 +140,9 @@ pub(crate) unsafe fn gemv_rows(job: Job) {
     if job.n_tokens < MIN_TOKENS {
         return super::gemv_x16_avx512::gemv_rows(job);
     }
-    let Job {
-        w,
-        n_rows,
-        blocks,
-        acts,
-        n_tokens,
-        rows,
-        out,
-    } = job;
+    let (w, acts, n_tokens, blocks) = (job.w, job.acts, job.n_tokens, job.blocks);
     assert!(acts.qs.as_slice().len() >= n_tokens.next_multiple_of(TILE_TOKENS) * acts.cols);
-    let records = n_rows.div_ceil(AVX512_GROUP) * blocks;
-    match w {
-        Interleaved::Q8(qs, d) => {
-            assert!(qs.len() >= records * q8_quants(AVX512_GROUP));
-            assert!(d.len() >= records * AVX512_GROUP);
-        }
-        Interleaved::Q4(data) => assert!(data.len() >= records * q4_record(AVX512_GROUP)),
-    }
+    w.assert_holds(AVX512_GROUP, job.n_rows, blocks);
     let config = TileConfig::new();
     asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack, readonly));
     UNPACKED.with(|unpacked| {
@@ -164,7 +151,7 @@ pub(crate) unsafe fn gemv_rows(job: Job) {
         // of rows passes by (4-bit groups are unpacked once per chunk).
         for c0 in (0..n_tokens).step_by(CHUNK_TOKENS) {
             let chunk = c0..(c0 + CHUNK_TOKENS).min(n_tokens);
-            for (g, at) in groups(AVX512_GROUP, n_rows, rows.clone(), out) {
+            for (g, at) in groups(AVX512_GROUP, job.n_rows, job.rows.clone(), job.out) {
                 let group = match w {
                     Interleaved::Q8(qs, d) => Group {
                         tiles: qs.as_ptr().add(g * blocks * B_TILE),

@@ -171,6 +171,20 @@ pub(crate) enum Interleaved<'a> {
     Q8(&'a [u8], &'a [u16]),
 }
 
+impl Interleaved<'_> {
+    /// Panics unless the data holds `n_rows` rows of `blocks` blocks in
+    /// groups of `group`: the bounds the kernels' raw reads rely on.
+    pub(crate) fn assert_holds(self, group: usize, n_rows: usize, blocks: usize) {
+        let records = n_rows.div_ceil(group) * blocks;
+        match self {
+            Interleaved::Q4(data) => assert!(data.len() >= records * q4_record(group)),
+            Interleaved::Q8(qs, d) => {
+                assert!(qs.len() >= records * q8_quants(group) && d.len() >= records * group)
+            }
+        }
+    }
+}
+
 /// How one instruction set multiplies a group of interleaved rows by a tile
 /// of tokens; [`gemv_rows`] drives it over groups and tiles.
 ///
@@ -254,13 +268,7 @@ pub(crate) unsafe fn gemv_rows<K: GroupTiles>(job: Job) {
         rows,
         out,
     } = job;
-    let records = n_rows.div_ceil(K::GROUP) * blocks;
-    match w {
-        Interleaved::Q4(data) => assert!(data.len() >= records * q4_record(K::GROUP)),
-        Interleaved::Q8(qs, d) => {
-            assert!(qs.len() >= records * q8_quants(K::GROUP) && d.len() >= records * K::GROUP)
-        }
-    }
+    w.assert_holds(K::GROUP, n_rows, blocks);
     for (g, at) in groups(K::GROUP, n_rows, rows, out) {
         let mut t0 = 0;
         while t0 < n_tokens {
