@@ -40,7 +40,7 @@ use super::quant::{Q8Acts, TOKEN_PAD};
 use super::weights::QK;
 
 /// Tokens per tile: the activation tile's rows. [`Q8Acts`] pads its tokens
-/// to a multiple of this with zeros, so the last tile may be loaded whole.
+/// to a multiple of this, so the last tile may be loaded whole.
 const TILE_TOKENS: usize = TOKEN_PAD;
 
 /// Batches smaller than this run the AVX-512 VNNI kernel: a tile of 16

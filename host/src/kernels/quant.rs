@@ -9,8 +9,8 @@
 use super::aligned::AlignedBytes;
 use super::weights::QK;
 
-/// [`Q8Acts`] holds its tokens padded with zero rows to a multiple of this,
-/// so the AMX kernel can load a whole tile of tokens past the last one.
+/// [`Q8Acts`] holds its tokens padded to a multiple of this, so the AMX
+/// kernel can load a whole tile of tokens past the last one.
 pub(crate) const TOKEN_PAD: usize = 16;
 
 /// `n_tokens` rows of `cols` activations in 8-bit blocks.
@@ -33,8 +33,10 @@ pub(crate) struct Q8Acts {
 
 impl Q8Acts {
     /// Quantizes `x` (`n_tokens` rows of `cols`, `cols % 32 == 0`), reusing
-    /// this buffer's memory; the rows past `n_tokens` up to a multiple of
-    /// [`TOKEN_PAD`] are zeros.
+    /// this buffer's memory. The rows past `n_tokens` up to a multiple of
+    /// [`TOKEN_PAD`] have zero scales and whatever quants an earlier call
+    /// left: the AMX kernel computes them and stores none of their results,
+    /// so they are not cleared on every call (decode's calls included).
     pub(crate) fn quantize(&mut self, x: &[f32], n_tokens: usize, cols: usize) {
         debug_assert!(cols.is_multiple_of(QK) && x.len() == n_tokens * cols);
         let blocks = cols / QK;
@@ -49,7 +51,6 @@ impl Q8Acts {
         self.sums.clear();
         self.sums.resize(padded * self.stride, 0);
         let qs = self.qs.as_mut_slice();
-        qs[n_tokens * cols..].fill(0);
         for t in 0..n_tokens {
             for b in 0..blocks {
                 let at = t * cols + b * QK;
