@@ -5,9 +5,10 @@
   schemas bundled by kubernetes-validate.
 - The custom resources: every pod template inside a LeaderWorkerSet is
   validated as a core PodTemplate the same way; the LeaderWorkerSet's and
-  the InferencePool's own fields against schemas written here from their
-  published API types (leaderworkerset.x-k8s.io/v1, inference.networking.k8s.io/v1),
-  no unknown field allowed.
+  the InferencePool's own fields against the v1 schemas in crd_schemas.py,
+  no unknown field allowed, and, given `--crd FILE` (the published CRDs),
+  against the CRDs' own OpenAPI schemas too. Edits of each resource must
+  get the API's verdict from both.
 - Consistency: the InferencePool selects the Deployment's pods on the port
   they serve; each LeaderWorkerSet's ConfigMap carries its docs/deploy/ TOML
   (tp3.toml, dp4.toml).
@@ -16,7 +17,7 @@
   the node place the group needs (nnodes, node_rank, master_addr; for
   data-parallel machines, the first engine-core rank and the API server).
 
-Usage: python3 tests/deploy/check.py target/debug/host
+Usage: python3 tests/deploy/check.py target/debug/host [--crd FILE]...
 """
 
 import os
@@ -26,105 +27,34 @@ import subprocess
 import sys
 import tempfile
 import tomllib
+import argparse
 
 import jsonschema
 import kubernetes_validate
 import yaml
 
+import crd_schemas
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "docs" / "deploy"
 K8S_VERSION = "1.33.0"
 
-NAME = {"type": "string", "minLength": 1}
-PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
-METADATA = {"type": "object", "required": ["name"], "properties": {"name": NAME}}
-
-
-def closed(properties, required=()):
-    return {
-        "type": "object",
-        "properties": properties,
-        "required": list(required),
-        "additionalProperties": False,
-    }
-
-
-# leaderworkerset.x-k8s.io/v1 LeaderWorkerSetSpec (api/leaderworkerset/v1).
-LWS = closed(
-    {
-        "apiVersion": {"const": "leaderworkerset.x-k8s.io/v1"},
-        "kind": {"const": "LeaderWorkerSet"},
-        "metadata": METADATA,
-        "spec": closed(
-            {
-                "replicas": {"type": "integer", "minimum": 0},
-                "startupPolicy": {"enum": ["LeaderCreated", "LeaderReady"]},
-                "networkConfig": {"type": "object"},
-                "rolloutStrategy": {"type": "object"},
-                "leaderWorkerTemplate": closed(
-                    {
-                        "size": {"type": "integer", "minimum": 1},
-                        "restartPolicy": {
-                            "enum": ["RecreateGroupOnPodRestart", "None", "Default"]
-                        },
-                        "leaderTemplate": {"type": "object"},
-                        "workerTemplate": {"type": "object"},
-                        "subGroupPolicy": {"type": "object"},
-                    },
-                    required=["workerTemplate"],
-                ),
-            },
-            required=["leaderWorkerTemplate"],
-        ),
-    },
-    required=["apiVersion", "kind", "metadata", "spec"],
-)
-
-# inference.networking.k8s.io/v1 InferencePoolSpec (GAIE api/v1).
-POOL = closed(
-    {
-        "apiVersion": {"const": "inference.networking.k8s.io/v1"},
-        "kind": {"const": "InferencePool"},
-        "metadata": METADATA,
-        "spec": closed(
-            {
-                "selector": closed(
-                    {
-                        "matchLabels": {
-                            "type": "object",
-                            "additionalProperties": {"type": "string"},
-                            "minProperties": 1,
-                        }
-                    },
-                    required=["matchLabels"],
-                ),
-                "targetPorts": {
-                    "type": "array",
-                    "minItems": 1,
-                    "maxItems": 8,
-                    "items": closed({"number": PORT}, required=["number"]),
-                },
-                "endpointPickerRef": closed(
-                    {
-                        "group": {"type": "string"},
-                        "kind": {"type": "string"},
-                        "name": NAME,
-                        "port": closed({"number": PORT}, required=["number"]),
-                        "failureMode": {"enum": ["FailOpen", "FailClose"]},
-                    },
-                    required=["name"],
-                ),
-            },
-            required=["selector", "targetPorts", "endpointPickerRef"],
-        ),
-    },
-    required=["apiVersion", "kind", "metadata", "spec"],
-)
-
-
 def core(doc, what):
     kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     print(f"ok  {what}: {doc['kind']} {doc['metadata']['name']} (Kubernetes {K8S_VERSION} schema, strict)")
+
+
+def custom(doc, what, crds):
+    """A custom resource against the schema here, the published CRD's when
+    given, and the API's verdicts on edits of it."""
+    kind = doc["kind"]
+    jsonschema.validate(doc, crd_schemas.SCHEMAS[kind])
+    against = "crd_schemas.py"
+    if kind in crds:
+        jsonschema.validate(doc, crds[kind])
+        against += " and the published CRD"
+    edits = crd_schemas.check_edits(kind, doc, crds.get(kind))
+    print(f"ok  {what}: {kind} {doc['apiVersion']} against {against}; {edits} edits get the API's verdict")
 
 
 def pod_template(template, what):
@@ -178,7 +108,7 @@ def with_config_mounted(argv, configmap):
     return [a.replace("/etc/host", str(tmp)) for a in argv]
 
 
-def check_lws(host, file, toml_name, expect):
+def check_lws(host, crds, file, toml_name, expect):
     """A LeaderWorkerSet file: its objects' schemas, its ConfigMap equal to
     docs/deploy/<toml_name>, and `expect(config, size, index, leader, what)`
     for what each pod's `host serve` makes of its launcher's environment."""
@@ -191,8 +121,7 @@ def check_lws(host, file, toml_name, expect):
         if doc["kind"] != "LeaderWorkerSet":
             core(doc, file)
             continue
-        jsonschema.validate(doc, LWS)
-        print(f"ok  {file}: LeaderWorkerSet fields (leaderworkerset.x-k8s.io/v1)")
+        custom(doc, file, crds)
         lwt = doc["spec"]["leaderWorkerTemplate"]
         size = lwt["size"]
         leader = f"{doc['metadata']['name']}-0.{doc['metadata']['name']}.default"
@@ -222,12 +151,11 @@ def data_parallel_machine(config, size, index, leader, what):
     print(f"ok  {what}: engine cores {index * local}..{(index + 1) * local}, API server {leader}")
 
 
-def check_replicas(host, docs):
+def check_replicas(host, crds, docs):
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     pool = next(d for d in docs if d["kind"] == "InferencePool")
     core(deployment, "replicas.yaml")
-    jsonschema.validate(pool, POOL)
-    print("ok  replicas.yaml: InferencePool fields (inference.networking.k8s.io/v1)")
+    custom(pool, "replicas.yaml", crds)
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     selector = pool["spec"]["selector"]["matchLabels"]
     assert selector.items() <= labels.items(), f"the pool selects {selector}, the pods carry {labels}"
@@ -255,10 +183,27 @@ def check_slurm(host):
 
 
 def main():
-    host = sys.argv[1]
-    check_lws(host, "leaderworkerset.yaml", "tp3.toml", tensor_parallel_node)
-    check_lws(host, "dp-leaderworkerset.yaml", "dp4.toml", data_parallel_machine)
-    check_replicas(host, list(yaml.safe_load_all((DEPLOY / "replicas.yaml").read_text())))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("host", help="the `host` binary")
+    parser.add_argument(
+        "--crd",
+        action="append",
+        default=[],
+        type=argparse.FileType("r"),
+        help="a published CRD file (LeaderWorkerSet, InferencePool) to validate against too",
+    )
+    args = parser.parse_args()
+    crds = {}
+    for file in args.crd:
+        try:
+            kind, schema = crd_schemas.from_crd(file.read())
+        except (ValueError, KeyError, TypeError, yaml.YAMLError) as e:
+            parser.error(f"--crd {file.name} is not a usable CRD file: {e}")
+        crds[kind] = schema
+    host = args.host
+    check_lws(host, crds, "leaderworkerset.yaml", "tp3.toml", tensor_parallel_node)
+    check_lws(host, crds, "dp-leaderworkerset.yaml", "dp4.toml", data_parallel_machine)
+    check_replicas(host, crds, list(yaml.safe_load_all((DEPLOY / "replicas.yaml").read_text())))
     check_slurm(host)
     print("deployment files: all checks passed")
 
