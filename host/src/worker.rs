@@ -82,7 +82,7 @@ pub struct Worker {
     pending: Option<Pending>,
     /// The model's vocabulary for logits processors, once the engine sent
     /// it (`set_vocabulary`); the worker has no tokenizer of its own.
-    vocabulary: Option<crate::plugins::Vocabulary>,
+    vocabulary: Option<crate::sampling::Vocabulary>,
 }
 
 impl Worker {
@@ -415,14 +415,14 @@ impl Worker {
         Ok(())
     }
 
-    /// Keeps the model's vocabulary (JSON of [`crate::plugins::Vocabulary`],
+    /// Keeps the model's vocabulary (JSON of [`crate::sampling::Vocabulary`],
     /// which the engine builds from its tokenizer) for the logits processors
     /// loaded after it (the `set_vocabulary` worker method, called before
     /// `load_logits_processors`). Set once: a different vocabulary later is
     /// refused, so a `collective_rpc` caller cannot change what the
     /// processors see.
     pub fn set_vocabulary(&mut self, json: &str) -> Result<(), WorkerError> {
-        let vocabulary: crate::plugins::Vocabulary = serde_json::from_str(json)
+        let vocabulary: crate::sampling::Vocabulary = serde_json::from_str(json)
             .map_err(|e| WorkerError::Config(format!("set_vocabulary: invalid JSON: {e}")))?;
         vocabulary
             .validate()

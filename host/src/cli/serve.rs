@@ -8,7 +8,8 @@ use clap::Args;
 
 use super::shipped_plugins::{asks_for_structured_output, structured_outputs_unavailable};
 use crate::config::EngineConfig;
-use crate::plugins::{host_from_config, RequestChecker, Vocabulary};
+use crate::plugins::{host_from_config, RequestChecker};
+use crate::sampling::Vocabulary;
 use crate::server::{MakeCheck, RequestCheck};
 use crate::tokenizer::Tokenizer;
 

@@ -18,6 +18,7 @@ use super::executor::{executor_for, Executor, MultiprocExecutor, UniProcExecutor
 use super::kv_events::{self, KvEventPublisher};
 use crate::config::EngineConfig;
 use crate::model::gguf::GgufFile;
+use crate::sampling::Vocabulary;
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::step::RpcValue;
 use crate::tokenizer::Tokenizer;
@@ -79,8 +80,10 @@ pub fn build_engine_core(config: &EngineConfig) -> anyhow::Result<(EngineCore, T
     )?;
     // Logits processors (0.3) learn the vocabulary; only the engine has the
     // tokenizer, so it sends each token's bytes.
-    let vocabulary =
-        (!config.plugins.logits_processors.is_empty()).then(|| vocabulary_json(&tokenizer));
+    let vocabulary = (!config.plugins.logits_processors.is_empty()).then(|| {
+        let v = Vocabulary::from_tokens(tokenizer.tokens(), tokenizer.eos_token_id());
+        serde_json::to_string(&v).expect("a vocabulary serializes")
+    });
     load_worker_plugins(executor.as_mut(), config, vocabulary.as_deref())?;
     spinner.finish_and_clear();
     let sched = &config.scheduler;
@@ -302,29 +305,6 @@ fn spinner(message: String) -> ProgressBar {
     );
     bar.enable_steady_tick(Duration::from_millis(120));
     bar
-}
-
-/// The tokenizer's vocabulary as the workers' `set_vocabulary` reads it
-/// (`plugins::Vocabulary` as JSON): every token's bytes flat, each token's
-/// end offset, the special ids and EOS.
-fn vocabulary_json(tokenizer: &Tokenizer) -> String {
-    let mut token_bytes = Vec::new();
-    let mut token_ends = Vec::with_capacity(tokenizer.vocab_size());
-    let mut special_ids = Vec::new();
-    for (id, (bytes, special)) in tokenizer.tokens().enumerate() {
-        token_bytes.extend_from_slice(bytes);
-        token_ends.push(token_bytes.len() as u32);
-        if special {
-            special_ids.push(id as u32);
-        }
-    }
-    serde_json::json!({
-        "token_bytes": token_bytes,
-        "token_ends": token_ends,
-        "special_ids": special_ids,
-        "eos": tokenizer.eos_token_id(),
-    })
-    .to_string()
 }
 
 #[cfg(test)]

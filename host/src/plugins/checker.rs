@@ -10,7 +10,8 @@ use std::sync::Mutex;
 
 use super::processor::LogitsProcessors;
 use super::registry::PluginHost;
-use super::{PluginError, Vocabulary};
+use super::PluginError;
+use crate::sampling::Vocabulary;
 
 /// Asks the logits processors whether they accept a request's
 /// `extra_args`. Shared by the server's threads; one check at a time.

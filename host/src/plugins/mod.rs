@@ -47,7 +47,6 @@ pub mod registry;
 pub mod runtime;
 pub mod sampler;
 mod ticker;
-mod vocabulary;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -55,13 +54,15 @@ use std::time::Duration;
 
 use crate::config::PluginsConfig;
 
+/// What `LogitsProcessors::set_vocabulary` takes; defined in `sampling`, which
+/// the engine that builds it may import.
+pub use crate::sampling::Vocabulary;
 pub use checker::RequestChecker;
 pub use error::PluginError;
 pub use processor::{LogitsProcessors, Row};
 pub use registry::{OptionInfo, PluginHost, PluginInfo, SUPPORTED_WIT};
 pub use runtime::{Limits, PluginRuntime};
 pub use sampler::SamplerPlugin;
-pub use vocabulary::Vocabulary;
 
 /// What a plugin is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -33,8 +33,8 @@ use std::sync::Arc;
 use super::bindings::processor::{self as wit, Batch, LogitEdits, LogitsProcessorPlugin};
 use super::instance::Sandboxed;
 use super::live::{extra_args_json, LiveRequests, Pending};
-use super::vocabulary::Vocabulary;
 use super::{OnError, PluginError};
+use crate::sampling::Vocabulary;
 
 pub use edits::mask_words_per_row;
 
@@ -199,7 +199,7 @@ impl LogitsProcessors {
         vocabulary
             .validate()
             .map_err(|e| PluginError::Config(format!("invalid vocabulary: {e}")))?;
-        let vocab = Arc::new(vocabulary.to_wit());
+        let vocab = Arc::new(wit_vocabulary(vocabulary));
         for p in &mut self.processors {
             p.vocabulary_told = None;
             if p.only_with.is_none() {
@@ -451,5 +451,15 @@ fn tell_vocabulary(p: &mut Processor, vocab: &wit::Vocabulary) -> Result<(), Plu
         Err(message) => Err(p
             .plugin
             .fault("set-vocabulary", format!("returned an error: {message}"))),
+    }
+}
+
+/// The vocabulary as the WIT's `vocabulary` record.
+fn wit_vocabulary(v: &Vocabulary) -> wit::Vocabulary {
+    wit::Vocabulary {
+        token_bytes: v.token_bytes.clone(),
+        token_ends: v.token_ends.clone(),
+        special_ids: v.special_ids.clone(),
+        eos: v.eos,
     }
 }

@@ -12,6 +12,7 @@ pub mod sampler;
 pub mod select;
 pub mod stop;
 pub mod token_filters;
+pub mod vocabulary;
 
 pub use params::{
     SamplingParams, SamplingParamsError, GREEDY_TEMPERATURE_EPS, MAX_BAD_WORD_SEQUENCES,
@@ -19,6 +20,7 @@ pub use params::{
 };
 pub use sampler::{sample_batch, PreparedRow, RequestSampler, SampledToken};
 pub use stop::{StopChecker, StopUpdate};
+pub use vocabulary::Vocabulary;
 
 #[cfg(test)]
 mod tests;

@@ -1,8 +1,9 @@
 //! The served model's vocabulary, which a logits processor (0.3 and later)
 //! learns through `set-vocabulary`: built by the engine from its tokenizer,
-//! sent to the workers as JSON, and given to each processor instance.
-
-use super::bindings::processor as wit;
+//! sent to the workers as JSON, and given to each processor instance. It
+//! lives here, beside the sampling it constrains, because both the engine
+//! (which builds it) and the plugin host (which hands it on) import
+//! `sampling`, and neither may import the other.
 
 /// The served model's vocabulary as the engine sends it to the workers
 /// (JSON over `collective_rpc`'s `set_vocabulary`): every token's bytes
@@ -84,16 +85,6 @@ impl Vocabulary {
             ));
         }
         Ok(())
-    }
-
-    /// As the WIT's `vocabulary` record.
-    pub(super) fn to_wit(&self) -> wit::Vocabulary {
-        wit::Vocabulary {
-            token_bytes: self.token_bytes.clone(),
-            token_ends: self.token_ends.clone(),
-            special_ids: self.special_ids.clone(),
-            eos: self.eos,
-        }
     }
 }
 
