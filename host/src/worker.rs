@@ -29,7 +29,7 @@ pub use registry::{DuplicateMethod, Handler, WorkerMethods};
 pub use sleep::{SleepLevel, WakeTags};
 
 use crate::distributed::TpGroup;
-use crate::kernels::{MatmulPath, ThreadPool};
+use crate::kernels::{cpu_description, CpuKernels, MatmulPath, ThreadPool};
 use crate::model::{self, LlamaConfig, ModelWeights};
 use crate::model_runner::{
     CpuModelRunner, DeviceRunner, KvCacheBudget, Logits, ModelInput, RunnerConfig, StepProfile,
@@ -132,7 +132,7 @@ impl Worker {
     pub fn init_device(&mut self) -> Result<(), WorkerError> {
         self.device = Some(match self.config.device {
             WorkerDevice::Cpu => {
-                tracing::info!(threads = self.config.num_threads, features = %cpu_features(), "worker: CPU device");
+                tracing::info!(threads = self.config.num_threads, kernels = %cpu_kernels(), "worker: CPU device");
                 Device::Cpu(Arc::new(ThreadPool::new(self.config.num_threads)))
             }
             #[cfg(feature = "cuda")]
@@ -467,27 +467,13 @@ impl Worker {
     }
 }
 
-/// The SIMD features that matter to the kernels, for the start-up log.
-fn cpu_features() -> String {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let f = [
-            ("avx2", is_x86_feature_detected!("avx2")),
-            ("fma", is_x86_feature_detected!("fma")),
-            ("f16c", is_x86_feature_detected!("f16c")),
-            ("avx512f", is_x86_feature_detected!("avx512f")),
-            ("avx512vnni", is_x86_feature_detected!("avx512vnni")),
-        ];
-        let on: Vec<&str> = f.iter().filter(|(_, v)| *v).map(|(n, _)| *n).collect();
-        if on.is_empty() {
-            "none (scalar kernels)".to_string()
-        } else {
-            on.join(" ")
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        "portable (scalar kernels)".to_string()
+/// The kernel family the worker runs and the CPU flags behind the choice,
+/// as `host bench` prints them, so a log says which path served it.
+fn cpu_kernels() -> String {
+    let family = CpuKernels::from_env().map_or_else(|e| e, |k| k.name().to_string());
+    match cpu_description() {
+        Some((_, flags)) if !flags.is_empty() => format!("{family} kernels ({})", flags.join(" ")),
+        _ => format!("{family} kernels"),
     }
 }
 
