@@ -27,9 +27,9 @@
 //! So every one of the 32 streams must end normally (`length`, since
 //! `ignore_eos` with a fixed `max_tokens`), with exactly `max_tokens`
 //! tokens, and the text of the server without the faulty plugins. That the
-//! faults happened is checked from what the host logs (it counts plugin
-//! faults in no metric) and from the marker the processor creates just
-//! before it loops.
+//! faults happened is checked from what the host logs and from the marker
+//! the processor creates just before it loops; `/metrics` must count the
+//! faults the log shows, per plugin (`vllm:plugin_faults_total`).
 //!
 //! Load shape: KV blocks of [`BLOCK_SIZE`] tokens, each enough for a whole
 //! request (prompt and output), and a KV cache of [`KV_BLOCKS`] of them, so
@@ -126,11 +126,19 @@ impl Served {
 
     /// `POST path` with a JSON body, one connection, read to its end.
     fn post(&self, path: &str, body: &Value) -> Response {
-        let body = body.to_string();
+        self.send("POST", path, &body.to_string())
+    }
+
+    /// `GET path`, one connection, read to its end.
+    fn get(&self, path: &str) -> Response {
+        self.send("GET", path, "")
+    }
+
+    fn send(&self, method: &str, path: &str, body: &str) -> Response {
         let mut stream = TcpStream::connect(&self.addr).expect("connect");
         stream.set_read_timeout(Some(REQUEST)).expect("timeout");
         let head = format!(
-            "POST {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
             self.addr,
             body.len()
         );
@@ -139,6 +147,19 @@ impl Served {
         let mut raw = Vec::new();
         stream.read_to_end(&mut raw).expect("read the response");
         Response::from_bytes(&raw)
+    }
+
+    /// `vllm:plugin_faults_total` of plugin `name`, summed over the ranks;
+    /// `None` if no series names it.
+    fn plugin_faults(&self, name: &str) -> Option<u64> {
+        let text = String::from_utf8(self.get("/metrics").body).expect("UTF-8 metrics");
+        let label = format!("plugin=\"{name}\"");
+        let values: Vec<u64> = text
+            .lines()
+            .filter(|l| l.starts_with("vllm:plugin_faults_total{") && l.contains(&label))
+            .map(|l| l.rsplit(' ').next().and_then(|v| v.parse().ok()).expect(l))
+            .collect();
+        (!values.is_empty()).then(|| values.iter().sum())
     }
 
     /// What the server logged so far.
@@ -301,6 +322,7 @@ fn faulting_plugins_under_32_streams_lose_no_request_and_change_no_output() {
             "reference {i}"
         );
     }
+    let reference_faults = reference.plugin_faults("test:misbehave");
     drop(reference);
 
     let dir = tempfile::tempdir().unwrap();
@@ -344,6 +366,12 @@ fn faulting_plugins_under_32_streams_lose_no_request_and_change_no_output() {
             "{line}"
         );
     }
+
+    // `/metrics` counts the same faults, per plugin.
+    let counted = |name| faulty.plugin_faults(name);
+    assert_eq!(counted("test:misbehave"), Some(policy.len() as u64));
+    assert_eq!(counted("test:misbehave-processor"), Some(1));
+    assert_eq!(reference_faults, None, "a run without plugins counts none");
 
     // Still serving after the faults.
     let after = stream(&faulty, &prompts[0], false);

@@ -463,6 +463,7 @@ impl Worker {
             None => return Ok(ModelRunnerOutput::default()),
         };
         plan.finish_output(&mut out);
+        out.plugin_faults = self.input_batch.take_plugin_faults();
         Ok(out)
     }
 }

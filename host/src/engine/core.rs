@@ -4,7 +4,7 @@
 //! decided here; text-level work (detokenizing, stop strings) is the
 //! frontend's.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -125,6 +125,9 @@ pub struct EngineCore {
     num_prompt_tokens: u64,
     /// Tokens generated so far.
     num_generation_tokens: u64,
+    /// The workers' plugin faults so far, by plugin, summed from their
+    /// outputs (so a replaced worker group's count carries on).
+    worker_plugin_faults: BTreeMap<String, u64>,
     started: Instant,
     /// How to replace dead workers; `None`: a worker death is fatal.
     restart: Option<recovery::WorkerRestart>,
@@ -150,6 +153,7 @@ impl EngineCore {
             last_timings: StepTimings::default(),
             num_prompt_tokens: 0,
             num_generation_tokens: 0,
+            worker_plugin_faults: BTreeMap::new(),
             started: Instant::now(),
             restart: None,
             kv_events: None,
@@ -294,6 +298,9 @@ impl EngineCore {
         let t1 = Instant::now();
         let mut sampled = step.wait()?;
         let t2 = Instant::now();
+        for (name, n) in sampled.plugin_faults.drain(..) {
+            *self.worker_plugin_faults.entry(name).or_default() += n;
+        }
         self.scheduler
             .update_from_output_into(&so, &sampled.sampled, &mut self.outputs);
         let failed = sampled.failed.iter().map(|(h, _)| h);
@@ -374,7 +381,17 @@ impl EngineCore {
             last_step: self.last_timings,
             num_worker_restarts: self.restart.as_ref().map_or(0, |r| r.num_restarts),
             num_worker_replayed_requests: self.restart.as_ref().map_or(0, |r| r.num_replayed),
+            plugin_faults: self.plugin_faults(),
         }
+    }
+
+    /// The workers' plugin faults as reported and the policy's.
+    fn plugin_faults(&self) -> BTreeMap<String, u64> {
+        let mut faults = self.worker_plugin_faults.clone();
+        if let Some((name, n)) = self.scheduler.policy_faults() {
+            *faults.entry(name.to_string()).or_default() += n;
+        }
+        faults
     }
 
     /// The scheduler (read-only), for invariant checks in tests.
@@ -400,4 +417,9 @@ pub struct EngineStats {
     /// Requests replayed by recompute after those restarts.
     #[serde(default)]
     pub num_worker_replayed_requests: u64,
+    /// Faults of each plugin in use (scheduling policy, logits processors,
+    /// sampler) by qualified name; each was recovered from by recreating
+    /// the instance.
+    #[serde(default)]
+    pub plugin_faults: BTreeMap<String, u64>,
 }

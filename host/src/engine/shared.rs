@@ -316,6 +316,9 @@ fn add_counters(into: &mut EngineStats, from: &EngineStats) {
     into.num_generation_tokens += from.num_generation_tokens;
     into.num_worker_restarts += from.num_worker_restarts;
     into.num_worker_replayed_requests += from.num_worker_replayed_requests;
+    for (name, n) in &from.plugin_faults {
+        *into.plugin_faults.entry(name.clone()).or_default() += n;
+    }
 }
 
 /// Several engines' counters as one: counters and request gauges summed,

@@ -210,6 +210,14 @@ impl LogitsProcessors {
         Ok(())
     }
 
+    /// Each processor's qualified name and its faults so far (each one
+    /// recreated the instance), in application order.
+    pub fn faults(&self) -> impl Iterator<Item = (&str, u64)> + '_ {
+        self.processors
+            .iter()
+            .map(|p| (p.plugin.name(), p.plugin.faults()))
+    }
+
     /// The plugins' qualified names, in application order.
     pub fn names(&self) -> Vec<&str> {
         self.processors.iter().map(|p| p.plugin.name()).collect()

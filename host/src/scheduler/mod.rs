@@ -190,6 +190,12 @@ impl Scheduler {
         self.policy.failure()
     }
 
+    /// The policy's qualified name and its faults so far, for a policy
+    /// that can fault (see [`SchedulingPolicy::faults`]).
+    pub fn policy_faults(&self) -> Option<(&str, u64)> {
+        Some((self.policy.name(), self.policy.faults()?))
+    }
+
     /// The KV cache manager (read-only).
     pub fn kv_cache_manager(&self) -> &KVCacheManager {
         &self.kv

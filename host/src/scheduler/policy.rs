@@ -80,6 +80,13 @@ pub trait SchedulingPolicy: Send {
     fn failure(&self) -> Option<&str> {
         None
     }
+
+    /// Faults recovered from so far (a plugin policy's traps, overruns and
+    /// errors, each answered by FCFS for that step); `None` for a policy
+    /// that cannot fault, as the built-ins.
+    fn faults(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// First come, first served: admit in queue order, preempt the most recently

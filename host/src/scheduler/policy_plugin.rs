@@ -36,6 +36,10 @@ impl SchedulingPolicy for WasmPolicy {
     fn failure(&self) -> Option<&str> {
         WasmPolicy::failure(self)
     }
+
+    fn faults(&self) -> Option<u64> {
+        Some(WasmPolicy::faults(self))
+    }
 }
 
 /// The scheduling policy named `name` among the built-ins (`builtin:fcfs`,

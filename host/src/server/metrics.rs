@@ -266,6 +266,21 @@ impl Metrics {
                 let _ = writeln!(out, "{name}{{{labels}}} {}", value(stats, restarts));
             }
         }
+        // Not a vLLM metric (vLLM has no plugins); named alike so one
+        // dashboard reads both. One series per plugin in use.
+        let name = "vllm:plugin_faults_total";
+        header(
+            &mut out,
+            name,
+            "counter",
+            "Plugin faults (trap, overrun, error) recovered from by recreating the instance.",
+        );
+        for ((stats, _), labels) in ranks.iter().zip(&labels) {
+            for (plugin, n) in &stats.plugin_faults {
+                let plugin = escape(plugin);
+                let _ = writeln!(out, "{name}{{{labels},plugin=\"{plugin}\"}} {n}");
+            }
+        }
         let measured: Vec<_> = (0..self.measured.len()).map(|r| self.measured(r)).collect();
         let name = "vllm:request_success_total";
         header(
@@ -385,6 +400,7 @@ mod tests {
             last_step: Default::default(),
             num_worker_restarts: 2,
             num_worker_replayed_requests: 7,
+            plugin_faults: [("test:policy".into(), 3), ("a\"b".into(), 0)].into(),
         };
         let restarts = EngineCoreRestarts {
             restarts: 1,
@@ -398,6 +414,7 @@ mod tests {
         // The text format wants each family's lines together, once headed.
         for family in [
             "vllm:prompt_tokens_total",
+            "vllm:plugin_faults_total",
             "vllm:time_to_first_token_seconds",
         ] {
             let heads = text.matches(&format!("# TYPE {family} ")).count();
@@ -424,6 +441,8 @@ mod tests {
             format!("vllm:engine_core_replayed_requests_total{{{labels}}} 16"),
             format!("vllm:worker_restarts_total{{{labels}}} 2"),
             format!("vllm:worker_replayed_requests_total{{{labels}}} 7"),
+            format!("vllm:plugin_faults_total{{{labels},plugin=\"test:policy\"}} 3"),
+            format!("vllm:plugin_faults_total{{{rank1},plugin=\"a\\\"b\"}} 0"),
             format!("vllm:request_success_total{{{labels},finished_reason=\"length\"}} 1"),
             format!("vllm:request_success_total{{{labels},finished_reason=\"stop\"}} 0"),
             format!("vllm:time_to_first_token_seconds_bucket{{{labels},le=\"0.25\"}} 1"),

@@ -62,6 +62,12 @@ pub struct ModelRunnerOutput {
     /// their prompt; a request is listed at most once.
     #[serde(default)]
     pub prompt_logprobs: Vec<(ReqHandle, PromptLogprobs)>,
+    /// Faults of the worker's plugins (logits processors, sampler) since
+    /// its previous output, by qualified name; each fault recreated the
+    /// instance. A plugin is listed once with 0 when it first runs, so the
+    /// engine's counters know every plugin in use.
+    #[serde(default)]
+    pub plugin_faults: Vec<(String, u64)>,
 }
 
 impl ModelRunnerOutput {

@@ -160,6 +160,9 @@ pub struct InputBatch {
     processor_rows: Vec<Row>,
     /// The sampler plugin, told when requests enter and leave.
     sampler: Option<SamplerPlugin>,
+    /// The plugins' fault counts last reported ([`Self::take_plugin_faults`]),
+    /// processors first, then the sampler.
+    faults_reported: Vec<u64>,
     /// The worker's runner can sample on its device (a GPU worker).
     on_device: bool,
     /// Why the worker's runner cannot compute prompt logprobs, when it
@@ -177,6 +180,7 @@ impl InputBatch {
             processors: None,
             processor_rows: Vec::new(),
             sampler: None,
+            faults_reported: Vec::new(),
             on_device: false,
             no_prompt_logprobs: None,
         }
@@ -270,12 +274,36 @@ impl InputBatch {
     /// `prepare` on (call it before the first step).
     pub fn set_sampler(&mut self, sampler: SamplerPlugin) {
         self.sampler = Some(sampler);
+        self.faults_reported.clear();
     }
 
     /// Installs logits-processor plugins; they learn of requests from the
     /// next `prepare` on (call it before the first step).
     pub fn set_processors(&mut self, processors: LogitsProcessors) {
         self.processors = Some(processors);
+        self.faults_reported.clear();
+    }
+
+    /// The plugins' faults since the last call, by qualified name: each
+    /// plugin whose count moved, and every plugin at the first call after
+    /// one was installed (with 0 if it has not faulted). Empty, without
+    /// allocating, in the common step.
+    pub fn take_plugin_faults(&mut self) -> Vec<(String, u64)> {
+        let processors = self.processors.iter().flat_map(|p| p.faults());
+        let sampler = self.sampler.iter().map(|s| (s.name(), s.faults()));
+        let mut moved = Vec::new();
+        for (i, (name, total)) in processors.chain(sampler).enumerate() {
+            let seen = self.faults_reported.get(i).copied();
+            if seen == Some(total) {
+                continue;
+            }
+            moved.push((name.to_string(), total - seen.unwrap_or(0)));
+            match self.faults_reported.get_mut(i) {
+                Some(seen) => *seen = total,
+                None => self.faults_reported.push(total),
+            }
+        }
+        moved
     }
 
     /// Lets the logits processors edit the rows `plan` samples, once for the

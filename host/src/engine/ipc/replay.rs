@@ -180,6 +180,7 @@ mod tests {
             last_step: Default::default(),
             num_worker_restarts: worker_restarts,
             num_worker_replayed_requests: 3 * worker_restarts,
+            plugin_faults: [("test:p".to_string(), worker_restarts)].into(),
         }
     }
 
@@ -211,6 +212,7 @@ mod tests {
         assert_eq!(total.scheduler.num_preemptions, 3);
         assert_eq!(total.num_worker_restarts, 2);
         assert_eq!(total.num_worker_replayed_requests, 6);
+        assert_eq!(total.plugin_faults, [("test:p".to_string(), 2)].into());
         assert_eq!(total.scheduler.num_running, 4);
 
         // Once stopped, nothing registers (its stream would never end).
