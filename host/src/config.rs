@@ -776,16 +776,14 @@ impl EngineConfig {
             }
             None => toml::Table::new(),
         };
+        let file_only = table.clone();
         for item in overrides {
             apply_override(&mut table, item)?;
         }
-        let config: EngineConfig =
-            toml::Value::Table(table)
-                .try_into()
-                .map_err(|e: toml::de::Error| ConfigError::Override {
-                    item: overrides.join(" "),
-                    message: e.message().to_string(),
-                })?;
+        let config = match toml::Value::Table(table).try_into::<EngineConfig>() {
+            Ok(config) => config,
+            Err(e) => return Err(blame_override(file_only, overrides, e)),
+        };
         config.validate()?;
         Ok(config)
     }
@@ -1077,6 +1075,31 @@ impl EngineConfig {
     }
 }
 
+/// The error for overrides that together make `file_only` an invalid
+/// config: the first override after which it no longer is, so the message
+/// names one `--set` (or flag) rather than all of them.
+fn blame_override(
+    mut file_only: toml::Table,
+    overrides: &[String],
+    all: toml::de::Error,
+) -> ConfigError {
+    for item in overrides {
+        if apply_override(&mut file_only, item).is_err() {
+            break;
+        }
+        if let Err(e) = toml::Value::Table(file_only.clone()).try_into::<EngineConfig>() {
+            return ConfigError::Override {
+                item: item.clone(),
+                message: e.message().to_string(),
+            };
+        }
+    }
+    ConfigError::Override {
+        item: overrides.join(" "),
+        message: all.message().to_string(),
+    }
+}
+
 /// Sets `section.key = value` in `table`; the value is parsed as TOML and,
 /// failing that, taken as a string, so `model.path=foo.gguf` works unquoted.
 fn apply_override(table: &mut toml::Table, item: &str) -> Result<(), ConfigError> {
@@ -1199,6 +1222,29 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(msg.contains("nope"), "{msg}");
+    }
+
+    /// Among several overrides (`--set`s and the flags that become them),
+    /// the error names the one at fault, not the whole list.
+    #[test]
+    fn the_bad_override_among_several_is_the_one_named() {
+        let items = [
+            "scheduler.max_num_seqs=4",
+            "sampling.max_tokens=4",
+            "model.path=m.gguf",
+        ]
+        .map(String::from);
+        let msg = EngineConfig::load(None, &items).unwrap_err().to_string();
+        assert!(
+            msg.starts_with("invalid override `sampling.max_tokens=4`: unknown field `sampling`"),
+            "{msg}"
+        );
+        let items = ["model.path=m.gguf", "cache.block_size=\"big\""].map(String::from);
+        let msg = EngineConfig::load(None, &items).unwrap_err().to_string();
+        assert!(
+            msg.starts_with("invalid override `cache.block_size=\"big\"`"),
+            "{msg}"
+        );
     }
 
     /// vLLM's and llama.cpp's spellings of the KV-cache types are taken;
