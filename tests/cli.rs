@@ -246,6 +246,32 @@ fn bench_refuses_an_overflowing_depth() {
     assert_clear_error(&out, &["--depth", "overflows"]);
 }
 
+/// `host bench` runs one worker in this process, so it refuses a parallel
+/// layout instead of measuring a single unsharded rank under its name.
+#[test]
+fn bench_refuses_a_parallel_layout_it_cannot_measure() {
+    for set in [
+        "parallel.tensor_parallel_size=2",
+        "parallel.data_parallel_size=2",
+    ] {
+        let out = Command::new(host_bin())
+            .args(["--model", path(&default_model()), "bench"])
+            .args([
+                "--set",
+                set,
+                "--set",
+                "parallel.distributed_executor_backend=\"mp\"",
+            ])
+            .args(["--repetitions", "1"])
+            .output()
+            .unwrap();
+        assert_clear_error(
+            &out,
+            &["cannot measure", "bench throughput", "set them to 1"],
+        );
+    }
+}
+
 /// `host bench` says where its figures came from: the CPU's name and
 /// flags as /proc/cpuinfo gives them, and the kernel family that ran (the
 /// forced one when `HOST_CPU_KERNELS` names one).

@@ -73,6 +73,21 @@ pub fn run(config: &EngineConfig, args: &BenchArgs) -> anyhow::Result<()> {
     if args.prompt_tokens == 0 || args.gen_tokens == 0 || args.repetitions == 0 {
         bail!("--prompt-tokens, --gen-tokens and --repetitions must be at least 1");
     }
+    // One worker in this process: a parallel layout would be measured as
+    // one unsharded rank, under a wrong thread count, without a word.
+    let p = &config.parallel;
+    if p.tensor_parallel_size > 1 || p.data_parallel_size > 1 || p.nnodes > 1 {
+        bail!(
+            "host bench drives one model runner in this process, so it cannot measure \
+             parallel.tensor_parallel_size = {}, data_parallel_size = {}, nnodes = {}; \
+             use `host bench throughput` for tensor parallelism (it runs the engine and its \
+             workers) or `host serve` with scripts/bench-serve.sh for data parallelism, \
+             or set them to 1",
+            p.tensor_parallel_size,
+            p.data_parallel_size,
+            p.nnodes
+        );
+    }
     // Whole-prompt prefill in one step, as llama-bench's pp test does.
     let mut config = config.clone();
     config.scheduler.max_num_batched_tokens = config
