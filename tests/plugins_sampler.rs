@@ -5,7 +5,10 @@
 //! tiny mass must pick, at every step, the most typical of the top-20
 //! candidates, recomputed here from the logprobs the engine reports; a
 //! faulting sampler falls back to the host sampler (the same tokens as a
-//! run without plugins, seeded) or fails only the requests in its call.
+//! run without plugins, seeded) or fails only the requests in its call,
+//! and the engine counts that call's fault.
+
+use std::collections::BTreeMap;
 
 use host::config::EngineConfig;
 use host::engine::{Completion, GenerateRequest, Llm, Prompt};
@@ -50,6 +53,14 @@ fn params(temperature: f32, seed: u64, max_tokens: u32) -> SamplingParams {
 }
 
 fn run(c: &EngineConfig, params: &[SamplingParams]) -> Vec<Result<Completion, String>> {
+    run_counting(c, params).0
+}
+
+/// [`run`], and the engine's count of each plugin's faults after it.
+fn run_counting(
+    c: &EngineConfig,
+    params: &[SamplingParams],
+) -> (Vec<Result<Completion, String>>, BTreeMap<String, u64>) {
     let reqs: Vec<GenerateRequest> = PROMPTS
         .iter()
         .zip(params)
@@ -60,7 +71,8 @@ fn run(c: &EngineConfig, params: &[SamplingParams]) -> Vec<Result<Completion, St
         })
         .collect();
     let mut llm = Llm::new(c).unwrap();
-    llm.generate(&reqs, |_, _| {}, |_, _| {}).unwrap()
+    let done = llm.generate(&reqs, |_, _| {}, |_, _| {}).unwrap();
+    (done, llm.stats().plugin_faults)
 }
 
 fn tokens(done: &[Result<Completion, String>]) -> Vec<Vec<u32>> {
@@ -171,7 +183,7 @@ fn a_faulting_sampler_fails_only_the_requests_in_its_call_when_configured_to() {
     c.scheduler.max_num_seqs = 1;
     let mut p = mixed();
     p[1].extra_args = Some(serde_json::json!({"fault": true}));
-    let done = run(&c, &p);
+    let (done, faults) = run_counting(&c, &p);
     assert_eq!(done[0].as_ref().unwrap().token_ids.len(), 6, "{done:?}");
     let err = done[1].as_ref().unwrap_err();
     assert!(
@@ -180,6 +192,10 @@ fn a_faulting_sampler_fails_only_the_requests_in_its_call_when_configured_to() {
         "{err}"
     );
     assert_eq!(done[2].as_ref().unwrap().token_ids.len(), 6, "{done:?}");
+    // That one call was the only fault, and the engine counted it (the
+    // policy `auto` picked, the `engine:fcfs` plugin, is listed with none).
+    let expected = [("engine:fcfs", 0), ("test:misbehave-sampler", 1)];
+    assert_eq!(faults, expected.map(|(n, c)| (n.to_string(), c)).into());
 }
 
 /// Why `Llm::new` refused `c`.
