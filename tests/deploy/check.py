@@ -20,14 +20,13 @@
 Usage: python3 tests/deploy/check.py target/debug/host [--crd FILE]...
 """
 
+import argparse
 import os
 import pathlib
 import shlex
 import subprocess
-import sys
 import tempfile
 import tomllib
-import argparse
 
 import jsonschema
 import kubernetes_validate
