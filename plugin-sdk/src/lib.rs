@@ -41,6 +41,8 @@ pub mod policy;
 pub mod sampler;
 #[doc(hidden)]
 pub mod state;
+#[doc(hidden)]
+pub mod types;
 #[cfg(feature = "worker-extension")]
 pub mod worker_extension;
 

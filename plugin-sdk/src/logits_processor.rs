@@ -9,7 +9,10 @@ pub mod bindings {
     wit_bindgen::generate!({
         path: "wit/v0.4.0",
         world: "engine:plugins/logits-processor-plugin@0.4.0",
-        with: { "engine:plugins/logging@0.4.0": crate::log::bindings::engine::plugins::logging },
+        with: {
+            "engine:plugins/logging@0.4.0": crate::log::bindings::engine::plugins::logging,
+            "engine:plugins/types@0.4.0": crate::types::bindings::engine::plugins::types,
+        },
         pub_export_macro: true,
         export_macro_name: "__export_logits_processor_world",
         default_bindings_module: "plugin_sdk::logits_processor::bindings",
@@ -19,6 +22,7 @@ pub mod bindings {
     wit_bindgen::generate!({
         path: "wit/v0.2.0",
         world: "engine:plugins/logits-processor-plugin@0.2.0",
+        with: { "engine:plugins/types@0.2.0": crate::types::bindings::engine::plugins::types },
         pub_export_macro: true,
         export_macro_name: "__export_logits_processor_world",
         default_bindings_module: "plugin_sdk::logits_processor::bindings",
@@ -132,7 +136,7 @@ impl AllowMask {
             words: vec![u64::MAX; (vocab_size as usize).div_ceil(64)],
             vocab_size,
         };
-        if vocab_size % 64 != 0 {
+        if !vocab_size.is_multiple_of(64) {
             *m.words.last_mut().unwrap() = (1u64 << (vocab_size % 64)) - 1;
         }
         m
@@ -313,24 +317,6 @@ macro_rules! __logits_processor_newer_exports {
     ($processor:ty, $wit:ty) => {};
 }
 
-#[doc(hidden)]
-pub fn wit_metadata(m: Metadata) -> wit::PluginMetadata {
-    wit::PluginMetadata {
-        name: m.name,
-        version: m.version,
-        kind: bindings::engine::plugins::types::PluginKind::LogitsProcessor,
-        options: m
-            .options
-            .into_iter()
-            .map(|o| bindings::engine::plugins::types::PluginOption {
-                name: o.name,
-                description: o.description,
-                default_json: o.default_json,
-            })
-            .collect(),
-    }
-}
-
 /// Exports a [`LogitsProcessor`] as the component's
 /// `engine:plugins/logits-processor` interface. Use it once, at the crate
 /// root of a `cdylib` built for `wasm32-wasip2`.
@@ -342,8 +328,9 @@ macro_rules! export_logits_processor {
             struct __Export;
             impl __wit::Guest for __Export {
                 fn metadata() -> __wit::PluginMetadata {
-                    $crate::logits_processor::wit_metadata(
+                    $crate::types::wit_metadata(
                         <$processor as $crate::logits_processor::LogitsProcessor>::metadata(),
+                        $crate::types::PluginKind::LogitsProcessor,
                     )
                 }
                 fn init(options: ::std::string::String) -> ::std::result::Result<(), ::std::string::String> {

@@ -9,7 +9,10 @@ pub mod bindings {
     wit_bindgen::generate!({
         path: "wit/v0.4.0",
         world: "engine:plugins/scheduling-policy-plugin@0.4.0",
-        with: { "engine:plugins/logging@0.4.0": crate::log::bindings::engine::plugins::logging },
+        with: {
+            "engine:plugins/logging@0.4.0": crate::log::bindings::engine::plugins::logging,
+            "engine:plugins/types@0.4.0": crate::types::bindings::engine::plugins::types,
+        },
         pub_export_macro: true,
         export_macro_name: "__export_policy_world",
         default_bindings_module: "plugin_sdk::policy::bindings",
@@ -19,6 +22,7 @@ pub mod bindings {
     wit_bindgen::generate!({
         path: "wit/v0.2.0",
         world: "engine:plugins/scheduling-policy-plugin@0.2.0",
+        with: { "engine:plugins/types@0.2.0": crate::types::bindings::engine::plugins::types },
         pub_export_macro: true,
         export_macro_name: "__export_policy_world",
         default_bindings_module: "plugin_sdk::policy::bindings",
@@ -59,24 +63,6 @@ pub trait SchedulingPolicy: Sized + 'static {
     }
 }
 
-#[doc(hidden)]
-pub fn wit_metadata(m: Metadata) -> wit::PluginMetadata {
-    wit::PluginMetadata {
-        name: m.name,
-        version: m.version,
-        kind: bindings::engine::plugins::types::PluginKind::SchedulingPolicy,
-        options: m
-            .options
-            .into_iter()
-            .map(|o| bindings::engine::plugins::types::PluginOption {
-                name: o.name,
-                description: o.description,
-                default_json: o.default_json,
-            })
-            .collect(),
-    }
-}
-
 /// Exports a [`SchedulingPolicy`] as the component's
 /// `engine:plugins/scheduling-policy` interface. Use it once, at the crate
 /// root of a `cdylib` built for `wasm32-wasip2`.
@@ -88,7 +74,10 @@ macro_rules! export_policy {
             struct __Export;
             impl __wit::Guest for __Export {
                 fn metadata() -> __wit::PluginMetadata {
-                    $crate::policy::wit_metadata(<$policy as $crate::policy::SchedulingPolicy>::metadata())
+                    $crate::types::wit_metadata(
+                        <$policy as $crate::policy::SchedulingPolicy>::metadata(),
+                        $crate::types::PluginKind::SchedulingPolicy,
+                    )
                 }
                 fn init(options: ::std::string::String) -> ::std::result::Result<(), ::std::string::String> {
                     let policy = <$policy as $crate::policy::SchedulingPolicy>::new(&options)?;

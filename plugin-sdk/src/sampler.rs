@@ -16,7 +16,10 @@ pub mod bindings {
     wit_bindgen::generate!({
         path: "wit/v0.4.0",
         world: "engine:plugins/sampler-plugin@0.4.0",
-        with: { "engine:plugins/logging@0.4.0": crate::log::bindings::engine::plugins::logging },
+        with: {
+            "engine:plugins/logging@0.4.0": crate::log::bindings::engine::plugins::logging,
+            "engine:plugins/types@0.4.0": crate::types::bindings::engine::plugins::types,
+        },
         pub_export_macro: true,
         export_macro_name: "__export_sampler_world",
         default_bindings_module: "plugin_sdk::sampler::bindings",
@@ -26,6 +29,7 @@ pub mod bindings {
     wit_bindgen::generate!({
         path: "wit/v0.2.0",
         world: "engine:plugins/sampler-plugin@0.2.0",
+        with: { "engine:plugins/types@0.2.0": crate::types::bindings::engine::plugins::types },
         pub_export_macro: true,
         export_macro_name: "__export_sampler_world",
         default_bindings_module: "plugin_sdk::sampler::bindings",
@@ -78,24 +82,6 @@ pub trait Sampler: Sized + 'static {
     fn choose(&mut self, batch: &Candidates) -> Result<Vec<u32>, String>;
 }
 
-#[doc(hidden)]
-pub fn wit_metadata(m: Metadata) -> wit::PluginMetadata {
-    wit::PluginMetadata {
-        name: m.name,
-        version: m.version,
-        kind: bindings::engine::plugins::types::PluginKind::Sampler,
-        options: m
-            .options
-            .into_iter()
-            .map(|o| bindings::engine::plugins::types::PluginOption {
-                name: o.name,
-                description: o.description,
-                default_json: o.default_json,
-            })
-            .collect(),
-    }
-}
-
 /// Exports a [`Sampler`] as the component's `engine:plugins/sampler`
 /// interface. Use it once, at the crate root of a `cdylib` built for
 /// `wasm32-wasip2`.
@@ -107,9 +93,14 @@ macro_rules! export_sampler {
             struct __Export;
             impl __wit::Guest for __Export {
                 fn metadata() -> __wit::PluginMetadata {
-                    $crate::sampler::wit_metadata(<$sampler as $crate::sampler::Sampler>::metadata())
+                    $crate::types::wit_metadata(
+                        <$sampler as $crate::sampler::Sampler>::metadata(),
+                        $crate::types::PluginKind::Sampler,
+                    )
                 }
-                fn init(options: ::std::string::String) -> ::std::result::Result<(), ::std::string::String> {
+                fn init(
+                    options: ::std::string::String,
+                ) -> ::std::result::Result<(), ::std::string::String> {
                     let s = <$sampler as $crate::sampler::Sampler>::new(&options)?;
                     $crate::state::set(s);
                     Ok(())
@@ -117,7 +108,9 @@ macro_rules! export_sampler {
                 fn choose(
                     batch: __wit::Candidates,
                 ) -> ::std::result::Result<::std::vec::Vec<u32>, ::std::string::String> {
-                    $crate::state::with(|s: &mut $sampler| $crate::sampler::Sampler::choose(s, &batch))
+                    $crate::state::with(|s: &mut $sampler| {
+                        $crate::sampler::Sampler::choose(s, &batch)
+                    })
                 }
             }
             // Native builds (the plugin's unit tests) export nothing: the

@@ -14,7 +14,10 @@ pub mod bindings {
     wit_bindgen::generate!({
         path: "wit/v0.4.0",
         world: "engine:plugins/worker-extension-plugin@0.4.0",
-        with: { "engine:plugins/logging@0.4.0": crate::log::bindings::engine::plugins::logging },
+        with: {
+            "engine:plugins/logging@0.4.0": crate::log::bindings::engine::plugins::logging,
+            "engine:plugins/types@0.4.0": crate::types::bindings::engine::plugins::types,
+        },
         pub_export_macro: true,
         export_macro_name: "__export_worker_extension_world",
         default_bindings_module: "plugin_sdk::worker_extension::bindings",
@@ -24,6 +27,7 @@ pub mod bindings {
     wit_bindgen::generate!({
         path: "wit/v0.2.0",
         world: "engine:plugins/worker-extension-plugin@0.2.0",
+        with: { "engine:plugins/types@0.2.0": crate::types::bindings::engine::plugins::types },
         pub_export_macro: true,
         export_macro_name: "__export_worker_extension_world",
         default_bindings_module: "plugin_sdk::worker_extension::bindings",
@@ -33,7 +37,6 @@ pub mod bindings {
 
 pub use crate::{Metadata, OptionSpec};
 use bindings::engine::plugins::host_api as wit_host;
-use bindings::exports::engine::plugins::worker_extension as wit;
 
 /// The loaded model's shape: layers, sizes, heads, context, weight types.
 pub type ModelInfo = wit_host::ModelInfo;
@@ -102,25 +105,6 @@ pub trait WorkerExtension: Sized + 'static {
     fn call(&mut self, method: &str, args: &str, host: &mut dyn Host) -> Result<String, String>;
 }
 
-#[doc(hidden)]
-pub fn wit_metadata(m: Metadata) -> wit::PluginMetadata {
-    use bindings::engine::plugins::types as t;
-    wit::PluginMetadata {
-        name: m.name,
-        version: m.version,
-        kind: t::PluginKind::WorkerExtension,
-        options: m
-            .options
-            .into_iter()
-            .map(|o| t::PluginOption {
-                name: o.name,
-                description: o.description,
-                default_json: o.default_json,
-            })
-            .collect(),
-    }
-}
-
 /// Exports a [`WorkerExtension`] as the component's
 /// `engine:plugins/worker-extension` interface. Use it once, at the crate
 /// root of a `cdylib` built for `wasm32-wasip2`.
@@ -132,8 +116,9 @@ macro_rules! export_worker_extension {
             struct __Export;
             impl __wit::Guest for __Export {
                 fn metadata() -> __wit::PluginMetadata {
-                    $crate::worker_extension::wit_metadata(
+                    $crate::types::wit_metadata(
                         <$ext as $crate::worker_extension::WorkerExtension>::metadata(),
+                        $crate::types::PluginKind::WorkerExtension,
                     )
                 }
                 fn init(options: ::std::string::String) -> ::std::result::Result<(), ::std::string::String> {
