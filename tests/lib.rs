@@ -47,8 +47,17 @@ pub fn host_bin() -> PathBuf {
         bin.display()
     );
     let built = modified(&bin).expect("the binary's modification time");
-    let sources = repo_root().join("host/src");
-    if let Some(newer) = newest_file(&sources).filter(|(t, _)| *t > built) {
+    // The files the binary was built from, as cargo's dep-info lists them
+    // (a test-only module changes no binary); every source of the host
+    // when that file is missing.
+    let newest = match binary_sources(&bin) {
+        Some(sources) => sources
+            .into_iter()
+            .map(|p| (modified(&p).unwrap_or(std::time::SystemTime::now()), p))
+            .max_by_key(|(t, _)| *t),
+        None => newest_file(&repo_root().join("host/src")),
+    };
+    if let Some(newer) = newest.filter(|(t, _)| *t > built) {
         panic!(
             "{} is older than {}; build it with `cargo build -p host` (or run `cargo test --workspace`)",
             bin.display(),
@@ -56,6 +65,21 @@ pub fn host_bin() -> PathBuf {
         );
     }
     bin
+}
+
+/// The source files cargo's dep-info beside `bin` (`host.d`) says it was
+/// built from; `None` when there is none. A deleted source reads as
+/// modified now, so the binary counts as stale.
+fn binary_sources(bin: &Path) -> Option<Vec<PathBuf>> {
+    let info = std::fs::read_to_string(bin.with_extension("d")).ok()?;
+    let (_, deps) = info.lines().next()?.split_once(": ")?;
+    // Paths are separated by spaces; a space inside one is escaped.
+    let deps = deps.replace("\\ ", "\0");
+    Some(
+        deps.split_whitespace()
+            .map(|p| PathBuf::from(p.replace('\0', " ")))
+            .collect(),
+    )
 }
 
 fn modified(path: &Path) -> Option<std::time::SystemTime> {
