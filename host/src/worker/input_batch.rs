@@ -10,17 +10,18 @@ use thiserror::Error;
 
 #[cfg(feature = "cuda")]
 mod device_draw;
+mod plugins;
+mod step_plan;
 #[cfg(test)]
 mod tests;
 
 use crate::model_runner::{DeviceSampleRow, Logits, LogitsSpan, ModelInput, SeqInput};
-use crate::plugins::{LogitsProcessors, OnError, PluginError, Row, SamplerPlugin};
+use crate::plugins::{LogitsProcessors, Row, SamplerPlugin};
 use crate::sampling::rng::Xoshiro256StarStar;
-use crate::sampling::select::{log_sum_exp, top_k_desc};
-use crate::sampling::{PreparedRow, RequestSampler, SampledToken, SamplingParams};
-use crate::step::{
-    Logprobs, ModelRunnerOutput, PromptLogprob, PromptLogprobs, ReqHandle, SchedulerOutput,
-};
+use crate::sampling::{RequestSampler, SampledToken, SamplingParams};
+use crate::step::{Logprobs, ModelRunnerOutput, PromptLogprobs, ReqHandle, SchedulerOutput};
+use step_plan::SpanRequest;
+pub use step_plan::StepPlan;
 
 /// A scheduler output that does not fit the worker's state: a protocol bug
 /// between the scheduler and the worker, reported instead of panicking.
@@ -50,103 +51,6 @@ struct CachedRequestState {
     /// request asked for prompt logprobs (from 1: token 0 has none). A
     /// prompt recomputed after preemption reports nothing twice.
     prompt_logprobs_next: usize,
-}
-
-/// The requests of the step being run, in `num_scheduled_tokens` order: which
-/// rows of the logits get a token sampled.
-#[derive(Debug, Default)]
-pub struct StepPlan {
-    /// Each scheduled request and whether it reached the end of its known
-    /// tokens this step (a finished prefill or a decode), so it samples.
-    rows: Vec<(ReqHandle, bool)>,
-    /// The tokens whose logits the step also computes, for prompt logprobs
-    /// (one span per request that has prompt tokens to report).
-    pub spans: Vec<LogitsSpan>,
-    /// Parallel to `spans`: who asked, how many top tokens, and the prompt
-    /// tokens the span's rows predict.
-    span_requests: Vec<SpanRequest>,
-    /// Parallel to `spans`: what the rows gave, filled by
-    /// [`Self::accept_logits_row`] during the forward pass.
-    prompt_logprobs: Vec<(ReqHandle, PromptLogprobs)>,
-    /// Requests this step could not run, with why (prompt logprobs on a
-    /// device that does not compute them).
-    failed: Vec<(ReqHandle, String)>,
-    /// Reused by the top-k selection of span rows.
-    top_scratch: Vec<(u32, f32)>,
-}
-
-/// Who asked for a [`LogitsSpan`]'s rows.
-#[derive(Debug)]
-struct SpanRequest {
-    /// `SamplingParams::prompt_logprobs`.
-    k: usize,
-    /// The prompt tokens the span's rows predict, row `i` predicting
-    /// `tokens[i]`.
-    tokens: Vec<u32>,
-}
-
-impl StepPlan {
-    /// The requests that sample this step, in row order.
-    pub fn sampling_handles(&self) -> impl Iterator<Item = ReqHandle> + '_ {
-        self.rows
-            .iter()
-            .filter(|(_, samples)| *samples)
-            .map(|(h, _)| *h)
-    }
-
-    /// Whether the step computes no other logits than the sampled rows'.
-    pub fn is_last_rows_only(&self) -> bool {
-        self.spans.is_empty()
-    }
-
-    /// Takes row `row` of span `span`'s logits (the runner's sink): the
-    /// logprob, rank and top tokens of the prompt token it predicts.
-    pub fn accept_logits_row(&mut self, span: usize, row: usize, logits: &[f32]) {
-        let req = &self.span_requests[span];
-        let entry = prompt_logprob(logits, req.tokens[row], req.k, &mut self.top_scratch);
-        self.prompt_logprobs[span].1.entries.push(entry);
-    }
-
-    /// Moves what the step produced besides sampled tokens (prompt
-    /// logprobs, the requests it could not run) into `out`.
-    pub fn finish_output(&mut self, out: &mut ModelRunnerOutput) {
-        out.failed.append(&mut self.failed);
-        out.prompt_logprobs.append(&mut self.prompt_logprobs);
-    }
-
-    /// Whether the step has nothing to report but failures.
-    pub fn has_failures(&self) -> bool {
-        !self.failed.is_empty()
-    }
-}
-
-/// The entry of prompt token `token` from the logits of the position
-/// before it: its raw logprob, its rank (vLLM's: the tokens at least as
-/// likely, itself included) and the `k` most likely tokens.
-fn prompt_logprob(
-    logits: &[f32],
-    token: u32,
-    k: usize,
-    scratch: &mut Vec<(u32, f32)>,
-) -> PromptLogprob {
-    let lse = log_sum_exp(logits);
-    let logit = logits
-        .get(token as usize)
-        .copied()
-        .unwrap_or(f32::NEG_INFINITY);
-    let rank = logits.iter().filter(|&&l| l >= logit).count().max(1) as u32;
-    let top = if k > 0 {
-        top_k_desc(logits, k, scratch);
-        scratch.iter().map(|&(t, l)| (t, l - lse)).collect()
-    } else {
-        Vec::new()
-    };
-    PromptLogprob {
-        token,
-        logprob: logit - lse,
-        rank,
-        top,
-    }
 }
 
 /// The persistent batch.
@@ -270,93 +174,6 @@ impl InputBatch {
         self.requests.iter().all(Option::is_none)
     }
 
-    /// Installs a sampler plugin; it learns of requests from the next
-    /// `prepare` on (call it before the first step).
-    pub fn set_sampler(&mut self, sampler: SamplerPlugin) {
-        self.sampler = Some(sampler);
-        self.faults_reported.clear();
-    }
-
-    /// Installs logits-processor plugins; they learn of requests from the
-    /// next `prepare` on (call it before the first step).
-    pub fn set_processors(&mut self, processors: LogitsProcessors) {
-        self.processors = Some(processors);
-        self.faults_reported.clear();
-    }
-
-    /// The plugins' faults since the last call, by qualified name: each
-    /// plugin whose count moved, and every plugin at the first call after
-    /// one was installed (with 0 if it has not faulted). Empty, without
-    /// allocating, in the common step.
-    pub fn take_plugin_faults(&mut self) -> Vec<(String, u64)> {
-        let processors = self.processors.iter().flat_map(|p| p.faults());
-        let sampler = self.sampler.iter().map(|s| (s.name(), s.faults()));
-        let mut moved = Vec::new();
-        for (i, (name, total)) in processors.chain(sampler).enumerate() {
-            let seen = self.faults_reported.get(i).copied();
-            if seen == Some(total) {
-                continue;
-            }
-            moved.push((name.to_string(), total - seen.unwrap_or(0)));
-            match self.faults_reported.get_mut(i) {
-                Some(seen) => *seen = total,
-                None => self.faults_reported.push(total),
-            }
-        }
-        moved
-    }
-
-    /// Lets the logits processors edit the rows `plan` samples, once for the
-    /// whole step. The requests a processor fails (0.4) fail here, through
-    /// `plan`'s failures, and are not sampled; `Err` fails the whole step
-    /// (an older processor's fault under `on_error = "fail"`).
-    pub fn apply_processors(
-        &mut self,
-        plan: &mut StepPlan,
-        logits: &mut Logits,
-    ) -> Result<(), PluginError> {
-        let Some(processors) = self.processors.as_mut() else {
-            return Ok(());
-        };
-        self.processor_rows.clear();
-        for (row, &(h, samples)) in plan.rows.iter().enumerate() {
-            let Some(req) = self.requests.get(h.index()).and_then(Option::as_ref) else {
-                continue;
-            };
-            if samples {
-                self.processor_rows.push(Row {
-                    id: h.0,
-                    num_output_tokens: req.sampler.num_output_tokens() as u32,
-                    last_token: req.token_ids.last().copied().unwrap_or(0),
-                    logits_row: row,
-                });
-            }
-        }
-        if self.processor_rows.is_empty() {
-            return Ok(());
-        }
-        let requests = &self.requests;
-        // A request's output so far, re-announced to a recreated processor.
-        let outputs = |id: u32| {
-            requests
-                .get(id as usize)
-                .and_then(Option::as_ref)
-                .map_or(&[][..], |r| &r.token_ids[r.prompt_len..])
-        };
-        let failed = processors.apply(
-            &self.processor_rows,
-            &mut logits.data,
-            logits.vocab_size,
-            outputs,
-        )?;
-        for (id, why) in failed {
-            let h = ReqHandle(id);
-            self.fail(std::iter::once(h));
-            plan.failed.push((h, why));
-        }
-        Ok(())
-    }
-
     /// Applies `so`'s deltas (in the order its contract states) and builds the
     /// step's model input into `input`.
     pub fn prepare(
@@ -364,6 +181,18 @@ impl InputBatch {
         so: &SchedulerOutput,
         input: &mut ModelInput,
     ) -> Result<StepPlan, BatchError> {
+        let refused = self.update_states(so)?;
+        self.prepare_inputs(so, input, refused)
+    }
+
+    /// Applies `so`'s deltas: finished requests leave, new ones enter (and
+    /// are announced to the plugins), cached ones learn their new blocks.
+    /// Returns the new requests a logits processor refused (0.4
+    /// `check-request`), already marked failed.
+    fn update_states(
+        &mut self,
+        so: &SchedulerOutput,
+    ) -> Result<Vec<(ReqHandle, String)>, BatchError> {
         for h in &so.finished_req_ids {
             if let Some(slot) = self.requests.get_mut(h.index()) {
                 *slot = None;
@@ -433,16 +262,24 @@ impl InputBatch {
             }
             req.block_ids.extend_from_slice(cached.new_block_ids(i));
         }
+        Ok(refused)
+    }
 
+    /// Flattens the step's scheduled tokens into `input` (tokens,
+    /// positions, one sequence with its block table per request) and plans
+    /// which rows sample and which keep logits for prompt logprobs.
+    fn prepare_inputs(
+        &mut self,
+        so: &SchedulerOutput,
+        input: &mut ModelInput,
+        refused: Vec<(ReqHandle, String)>,
+    ) -> Result<StepPlan, BatchError> {
         input.token_ids.clear();
         input.positions.clear();
         // Sequences are overwritten in place, so their block tables keep
         // their allocations from step to step.
         let mut n_seqs = 0;
-        let mut plan = StepPlan {
-            failed: refused,
-            ..StepPlan::default()
-        };
+        let mut plan = StepPlan::new(refused);
         for &(h, n) in &so.num_scheduled_tokens {
             let no_prompt_logprobs = self.no_prompt_logprobs.as_deref();
             let req = self
@@ -548,87 +385,6 @@ impl InputBatch {
                 continue;
             }
             let sampled = req.sampler.sample(logits_row, &req.params);
-            record(&mut out, h, req, sampled);
-        }
-        Ok(out)
-    }
-
-    /// [`Self::sample`] with the sampler plugin choosing each row's token
-    /// among the host's top-k candidates, in one call for the whole step.
-    /// On a fault the rows are sampled by the host (`on_error = "fallback"`)
-    /// or their requests fail (`"fail"`).
-    fn sample_with_plugin(
-        &mut self,
-        plan: &StepPlan,
-        logits: &mut Logits,
-    ) -> Result<ModelRunnerOutput, BatchError> {
-        let vocab = logits.vocab_size;
-        let Some(plugin) = self.sampler.as_mut() else {
-            return Ok(ModelRunnerOutput::default());
-        };
-        plugin.clear_rows();
-        let mut rows: Vec<(ReqHandle, usize, PreparedRow, f64)> =
-            Vec::with_capacity(plan.rows.len());
-        let mut candidates = Vec::with_capacity(plugin.k());
-        for (row, &(h, samples)) in plan.rows.iter().enumerate() {
-            if !samples {
-                continue;
-            }
-            let req = self
-                .requests
-                .get_mut(h.index())
-                .and_then(Option::as_mut)
-                .ok_or_else(|| BatchError(format!("request {h:?} is not in the batch")))?;
-            if req.failed {
-                // Failed by a logits processor this step.
-                continue;
-            }
-            let logits_row = &mut logits.data[row * vocab..(row + 1) * vocab];
-            let prepared = req.sampler.prepare(logits_row, &req.params);
-            req.sampler
-                .top_candidates(logits_row, &req.params, plugin.k(), &mut candidates);
-            // A vocabulary smaller than k: repeat the last candidate, so every
-            // row has exactly k as the contract says.
-            while candidates.len() < plugin.k() {
-                candidates.push(*candidates.last().unwrap_or(&(0, f32::NEG_INFINITY)));
-            }
-            let u = req.sampler.next_uniform();
-            // Rounding to f32 may reach 1.0; the contract says [0, 1).
-            plugin.push_row(h.0, &candidates, (u as f32).min(1.0 - f32::EPSILON / 2.0));
-            rows.push((h, row, prepared, u));
-        }
-        let mut out = ModelRunnerOutput {
-            sampled: Vec::with_capacity(rows.len()),
-            logprobs: Vec::with_capacity(rows.len()),
-            ..ModelRunnerOutput::default()
-        };
-        if rows.is_empty() {
-            return Ok(out);
-        }
-        let chosen = match plugin.choose() {
-            Ok(tokens) => Some(tokens),
-            Err(e) => match plugin.on_error() {
-                OnError::Fallback => {
-                    tracing::warn!("{e}; the host samples this step's rows");
-                    None
-                }
-                OnError::Fail => {
-                    self.fail(rows.iter().map(|r| r.0));
-                    return Ok(ModelRunnerOutput::failed(
-                        rows.iter().map(|r| r.0),
-                        &e.to_string(),
-                    ));
-                }
-            },
-        };
-        for (i, (h, row, prepared, u)) in rows.into_iter().enumerate() {
-            let req = self.get_mut(h)?;
-            let logits_row = &logits.data[row * vocab..(row + 1) * vocab];
-            let token = match &chosen {
-                Some(tokens) => tokens[i],
-                None => req.sampler.choose(logits_row, &req.params, Some(u)),
-            };
-            let sampled = req.sampler.finish(logits_row, token, prepared);
             record(&mut out, h, req, sampled);
         }
         Ok(out)

@@ -2,6 +2,7 @@
 //! the device, the rows' seeds and positions, and recording the device's
 //! tokens as the host sampler would.
 
+use super::step_plan::prompt_logprob;
 use super::*;
 use crate::step::{CachedRequestData, NewRequestData};
 
