@@ -1,0 +1,177 @@
+//! Tool calling's unit tests: tool definitions, `tool_choice`, rendering
+//! calls and parsing answers.
+
+use super::*;
+
+fn weather() -> Value {
+    json!({
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    })
+}
+
+fn request(extra: Value) -> Result<Option<ToolRequest>, ApiError> {
+    let mut body = json!({"tools": [weather(), {"type": "function", "function": {"name": "now"}}]});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    ToolRequest::from_body(&body)
+}
+
+#[test]
+fn choices_parse_and_default_to_auto() {
+    let r = request(json!({})).unwrap().unwrap();
+    assert_eq!(r.choice, ToolChoice::Auto);
+    assert!(r.parallel);
+    assert_eq!(r.tools[1].parameters["type"], "object");
+    let r = request(json!({"tool_choice": {"type": "function", "function": {"name": "now"}}, "parallel_tool_calls": false}))
+            .unwrap()
+            .unwrap();
+    assert_eq!(r.choice, ToolChoice::Named("now".into()));
+    assert!(!r.parallel);
+    assert!(ToolRequest::from_body(&json!({})).unwrap().is_none());
+}
+
+#[test]
+fn bad_tools_name_the_field() {
+    let cases = [
+        (json!({"tool_choice": "sometimes"}), "tool_choice"),
+        (
+            json!({"tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+            "tool_choice",
+        ),
+        (json!({"parallel_tool_calls": "yes"}), "parallel_tool_calls"),
+    ];
+    for (extra, param) in cases {
+        let e = request(extra).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some(param), "{e:?}");
+    }
+    let bodies = [
+        (json!({"tools": [{"type": "retrieval"}]}), "tools[0].type"),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "a b"}}]}),
+            "tools[0].function.name",
+        ),
+        (
+            json!({"tools": [weather(), weather()]}),
+            "tools[1].function.name",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}),
+            "tools[0].function.parameters",
+        ),
+        (json!({"tool_choice": "required"}), "tool_choice"),
+    ];
+    for (body, param) in bodies {
+        let e = ToolRequest::from_body(&body).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some(param), "{e:?}");
+    }
+}
+
+#[test]
+fn a_call_round_trips_through_the_format() {
+    let r = request(json!({"tool_choice": "required"}))
+        .unwrap()
+        .unwrap();
+    let answer = r#" {"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]} "#;
+    let Answer::Calls(calls) = r.parse(answer, "chatcmpl-7") else {
+        panic!("not parsed as a call");
+    };
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].name, "get_weather");
+    assert_eq!(calls[0].id, "call_chatcmpl-7_0");
+    let args: Value = serde_json::from_str(&calls[0].arguments).unwrap();
+    assert_eq!(args, json!({"city": "Paris"}));
+    // What the client sends back renders as what the model wrote.
+    let back = render_calls("messages[1].tool_calls", &json!([calls[0].to_json()])).unwrap();
+    let a: Value = serde_json::from_str(answer.trim()).unwrap();
+    assert_eq!(serde_json::from_str::<Value>(&back).unwrap(), a);
+}
+
+#[test]
+fn text_stays_text() {
+    let r = request(json!({})).unwrap().unwrap();
+    for t in [
+        "It is sunny.",
+        "{\"city\": 1}",
+        "{\"tool_calls\": []}",
+        "{\"tool_calls\": [{\"name\": \"x\"}]}",
+    ] {
+        assert_eq!(r.parse(t, "x"), Answer::Text(t.into()), "{t}");
+    }
+    let none = request(json!({"tool_choice": "none"})).unwrap().unwrap();
+    assert!(none.system_prompt().is_none() && none.structured_outputs().is_none());
+    let call = r#"{"tool_calls": [{"name": "now", "arguments": {}}]}"#;
+    assert_eq!(none.parse(call, "x"), Answer::Text(call.into()));
+}
+
+#[test]
+fn the_schema_allows_only_callable_functions() {
+    let r =
+        request(json!({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}))
+            .unwrap()
+            .unwrap();
+    let s = r.calls_schema();
+    let each = s["properties"]["tool_calls"]["items"]["anyOf"]
+        .as_array()
+        .unwrap();
+    assert_eq!(each.len(), 1);
+    assert_eq!(each[0]["properties"]["name"]["const"], "get_weather");
+    assert_eq!(s["properties"]["tool_calls"]["maxItems"], 1);
+    let args = &each[0]["properties"]["arguments"];
+    assert_eq!(args["additionalProperties"], false);
+    assert!(r.tools[0].parameters.get("additionalProperties").is_none());
+    assert!(r.system_prompt().unwrap().contains("get_weather"));
+    assert!(!r.system_prompt().unwrap().contains("\"now\""));
+    let auto = request(json!({})).unwrap().unwrap();
+    let g = auto.structured_outputs().unwrap();
+    assert!(g["grammar"]
+        .as_str()
+        .unwrap()
+        .starts_with("start: TEXT | calls"));
+}
+
+#[test]
+fn streams_hold_back_only_calls() {
+    let auto = request(json!({})).unwrap().unwrap();
+    let mut s = StreamedAnswer::default();
+    assert_eq!(s.push(&auto, " "), None);
+    assert_eq!(s.push(&auto, " It"), Some("  It".into()));
+    assert_eq!(s.push(&auto, " is"), Some(" is".into()));
+    let mut s = StreamedAnswer::default();
+    assert_eq!(
+        s.push(&auto, "{\"tool_calls\": [{\"name\": \"now\", "),
+        None
+    );
+    assert_eq!(s.push(&auto, "\"arguments\": {}}]}"), None);
+    let Answer::Calls(calls) = s.finish(&auto, "r") else {
+        panic!("not a call");
+    };
+    assert_eq!(calls[0].name, "now");
+    let mut messages = vec![ChatMessage::new("user", "hi")];
+    auto.describe_to(&mut messages);
+    assert_eq!(messages[0].role, "system");
+    auto.describe_to(&mut messages);
+    assert_eq!(
+        messages.len(),
+        2,
+        "a second description joins the system message"
+    );
+}
+
+#[test]
+fn results_name_their_call() {
+    assert_eq!(
+        render_result(Some("now"), Some("c1"), "12:00"),
+        "Result of the call to now:\n12:00"
+    );
+    assert!(render_calls("m", &json!([{"function": {"name": "f", "arguments": "{"}}])).is_err());
+}
