@@ -282,11 +282,7 @@ impl InputBatch {
         let mut plan = StepPlan::new(refused);
         for &(h, n) in &so.num_scheduled_tokens {
             let no_prompt_logprobs = self.no_prompt_logprobs.as_deref();
-            let req = self
-                .requests
-                .get_mut(h.index())
-                .and_then(Option::as_mut)
-                .ok_or_else(|| BatchError(format!("request {h:?} is not in the batch")))?;
+            let req = request_mut(&mut self.requests, h)?;
             if req.failed {
                 continue;
             }
@@ -401,11 +397,20 @@ impl InputBatch {
     }
 
     fn get_mut(&mut self, h: ReqHandle) -> Result<&mut CachedRequestState, BatchError> {
-        self.requests
-            .get_mut(h.index())
-            .and_then(Option::as_mut)
-            .ok_or_else(|| BatchError(format!("request {h:?} is not in the batch")))
+        request_mut(&mut self.requests, h)
     }
+}
+
+/// Request `h` of `requests` (a free function, so a caller may hold another
+/// field of the batch meanwhile).
+fn request_mut(
+    requests: &mut [Option<CachedRequestState>],
+    h: ReqHandle,
+) -> Result<&mut CachedRequestState, BatchError> {
+    requests
+        .get_mut(h.index())
+        .and_then(Option::as_mut)
+        .ok_or_else(|| BatchError(format!("request {h:?} is not in the batch")))
 }
 
 /// Appends `sampled` to `req` and reports it (with logprobs when asked).

@@ -2,7 +2,7 @@
 //! requests enter and leave (in `prepare`), run once per step over all the
 //! rows they see, and their faults counted for `/metrics`.
 
-use super::{record, BatchError, InputBatch, StepPlan};
+use super::{record, request_mut, BatchError, InputBatch, StepPlan};
 use crate::model_runner::Logits;
 use crate::plugins::{LogitsProcessors, OnError, PluginError, Row, SamplerPlugin};
 use crate::sampling::PreparedRow;
@@ -117,11 +117,7 @@ impl InputBatch {
             if !samples {
                 continue;
             }
-            let req = self
-                .requests
-                .get_mut(h.index())
-                .and_then(Option::as_mut)
-                .ok_or_else(|| BatchError(format!("request {h:?} is not in the batch")))?;
+            let req = request_mut(&mut self.requests, h)?;
             if req.failed {
                 // Failed by a logits processor this step.
                 continue;
