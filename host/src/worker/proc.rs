@@ -20,6 +20,7 @@ use std::io::{BufRead, Read, Write};
 use std::time::Duration;
 
 use anyhow::Context;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::registry::WorkerMethods;
@@ -157,18 +158,7 @@ pub fn default_threads() -> usize {
 /// (a normal end exits the process from the death-pipe watcher or when the
 /// broadcast queue shuts down).
 pub fn run() -> anyhow::Result<()> {
-    let mut line = String::new();
-    std::io::stdin()
-        .lock()
-        .read_line(&mut line)
-        .context("reading the bootstrap line from stdin")?;
-    let boot: Bootstrap = serde_json::from_str(&line).context(
-        "`host worker` is started by the mp executor, which writes its bootstrap on stdin; it is not meant to be run by hand",
-    )?;
-    std::thread::Builder::new()
-        .name("death-pipe".into())
-        .spawn(watch_death_pipe)
-        .context("starting the death-pipe watcher")?;
+    let boot: Bootstrap = bootstrap_from_parent("host worker", "the mp executor")?;
     let started = start(&boot);
     let message = match &started {
         Ok((_, _, response, _, load_s)) => ReadyMessage::Ready {
@@ -267,10 +257,36 @@ pub fn busy_loop(
     }
 }
 
+/// A child process's start, shared by every child `host` starts (workers,
+/// the engine core): reads the bootstrap, the one JSON line the parent
+/// writes on stdin, then watches stdin as the death pipe
+/// ([`watch_death_pipe`]). `command` and `parent` name who starts the
+/// process, for the person who runs it by hand.
+pub(crate) fn bootstrap_from_parent<T: DeserializeOwned>(
+    command: &str,
+    parent: &str,
+) -> anyhow::Result<T> {
+    let mut line = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut line)
+        .context("reading the bootstrap line from stdin")?;
+    let boot = serde_json::from_str(&line).with_context(|| {
+        format!(
+            "`{command}` is started by {parent}, which writes its bootstrap on stdin; \
+             it is not meant to be run by hand"
+        )
+    })?;
+    std::thread::Builder::new()
+        .name("death-pipe".into())
+        .spawn(watch_death_pipe)
+        .context("starting the death-pipe watcher")?;
+    Ok(boot)
+}
+
 /// Blocks on stdin until end-of-file (the parent closed the death pipe or
-/// died), then ends the process. Shared by every child process `host`
-/// starts (workers, the engine core).
-pub(crate) fn watch_death_pipe() {
+/// died), then ends the process.
+fn watch_death_pipe() {
     let mut buf = [0u8; 64];
     loop {
         match std::io::stdin().read(&mut buf) {

@@ -3,7 +3,7 @@
 //! thread that decodes the client's messages from the shared-memory queue
 //! and an output loop that encodes the outputs onto the other.
 
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::Duration;
 
@@ -14,7 +14,7 @@ use crate::config::EngineConfig;
 use crate::engine::core_proc::{run_busy_loop, CoreInput, CoreOutput, UtilityReply};
 use crate::engine::startup::build_engine_core;
 use crate::message_queue::{MessageQueue, QueueConfig, QueueError};
-use crate::worker::proc::watch_death_pipe;
+use crate::worker::proc::bootstrap_from_parent;
 
 /// How long the client has to attach to the output queue after READY.
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(60);
@@ -22,17 +22,7 @@ const ATTACH_TIMEOUT: Duration = Duration::from_secs(60);
 /// Runs the engine-core process until the client shuts it down (exit 0) or
 /// the engine dies (exit 1, after the engine-dead sentinel went out).
 pub fn run() -> anyhow::Result<()> {
-    let mut line = String::new();
-    std::io::stdin()
-        .lock()
-        .read_line(&mut line)
-        .context("reading the bootstrap line from stdin")?;
-    let boot: Bootstrap = serde_json::from_str(&line).context(
-        "`host engine-core` is started by the engine client, which writes its bootstrap on stdin; it is not meant to be run by hand",
-    )?;
-    std::thread::Builder::new()
-        .name("death-pipe".into())
-        .spawn(watch_death_pipe)?;
+    let boot: Bootstrap = bootstrap_from_parent("host engine-core", "the engine client")?;
     let started = start(&boot);
     let ready = match &started {
         Ok((core, output, _)) => Ready::Ready {
