@@ -6,7 +6,9 @@ Usage: tools_client.py BASE_URL API_KEY MODEL EXPECTED_JSON
 The judge is independent of the server: every call's arguments are parsed
 with `json` and validated against the function's own parameter schema with
 the `jsonschema` package, names against the tools offered, and the streamed
-calls are reassembled from their `delta.tool_calls` as a client would.
+calls are reassembled from their `delta.tool_calls` as a client would; a
+Pydantic model's tool (`openai.pydantic_function_tool`, nested models under
+`$defs`) is called with arguments that parse back into the model.
 Prints one line per check and exits non-zero if any failed.
 """
 
@@ -16,6 +18,7 @@ import sys
 
 import jsonschema
 import openai
+import pydantic
 
 from judge import Checks
 
@@ -54,7 +57,24 @@ ADD = {
     },
 }
 TOOLS = [WEATHER, ADD]
-SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+class Address(pydantic.BaseModel):
+    city: str = pydantic.Field(max_length=30)
+    country: str = pydantic.Field(max_length=30)
+
+
+class Shipment(pydantic.BaseModel):
+    sender: Address
+    recipient: Address
+    weight_kg: int = pydantic.Field(ge=1, le=50)
+
+
+# As the SDK writes a Pydantic model's tool: nested models under `$defs`,
+# reached by `$ref`, which must still resolve inside the server's schema.
+SHIP = openai.pydantic_function_tool(Shipment, name="ship", description="Ships a parcel")
+ASK_SHIP = [{"role": "user", "content": "Ship a 3 kg parcel from Paris, France to Rome, Italy."}]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS + [SHIP]}
 ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
 ASK_SUM = [{"role": "user", "content": "What is 12 plus 30?"}]
 
@@ -75,9 +95,9 @@ def named(fn):
     return {"type": "function", "function": {"name": fn}}
 
 
-def non_streamed(name, messages, choice, allowed, parallel=False):
+def non_streamed(name, messages, choice, allowed, parallel=False, tools=TOOLS):
     r = client.chat.completions.create(
-        model=model, messages=messages, tools=TOOLS, tool_choice=choice,
+        model=model, messages=messages, tools=tools, tool_choice=choice,
         parallel_tool_calls=parallel, temperature=0, max_tokens=96,
     )
     c = r.choices[0]
@@ -91,9 +111,9 @@ def non_streamed(name, messages, choice, allowed, parallel=False):
     return r
 
 
-def streamed(name, messages, choice, allowed):
+def streamed(name, messages, choice, allowed, tools=TOOLS):
     stream = client.chat.completions.create(
-        model=model, messages=messages, tools=TOOLS, tool_choice=choice,
+        model=model, messages=messages, tools=tools, tool_choice=choice,
         parallel_tool_calls=False, temperature=0, max_tokens=96, stream=True,
     )
     calls, finish, content = {}, None, ""
@@ -113,6 +133,22 @@ def streamed(name, messages, choice, allowed):
         check(f"{name}: the call has an id", bool(slot["id"]), slot)
         valid_call(name, slot["name"], slot["arguments"], allowed)
     return calls
+
+
+def pydantic_model(name, stream):
+    """A call of a Pydantic model's tool parses back into the model."""
+    if stream:
+        calls = streamed(name, ASK_SHIP, named("ship"), ["ship"], tools=[SHIP, WEATHER])
+        arguments = [c["arguments"] for c in calls.values()]
+    else:
+        r = non_streamed(name, ASK_SHIP, named("ship"), ["ship"], tools=[SHIP, WEATHER])
+        arguments = [c.function.arguments for c in r.choices[0].message.tool_calls or []]
+    for a in arguments:
+        try:
+            Shipment.model_validate_json(a)
+            check(f"{name}: the arguments are a Shipment", True)
+        except pydantic.ValidationError as e:
+            check(f"{name}: the arguments are a Shipment", False, f"{a!r}: {e}")
 
 
 def round_trip(name, stream):
@@ -169,6 +205,8 @@ jobs = [
     lambda: non_streamed("required", ASK_SUM, "required", list(SCHEMAS)),
     lambda: streamed("streamed named", ASK_SUM, named("add"), ["add"]),
     lambda: streamed("streamed required", ASK_WEATHER, "required", list(SCHEMAS)),
+    lambda: pydantic_model("pydantic model", stream=False),
+    lambda: pydantic_model("streamed pydantic model", stream=True),
     lambda: round_trip("round trip", stream=False),
     lambda: round_trip("streamed round trip", stream=True),
     lambda: auto("auto weather", ASK_WEATHER),

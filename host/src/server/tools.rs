@@ -12,6 +12,8 @@
 //! `{`, or a call; under `"required"` or a named function it is always a
 //! call; under `"none"` the tools are not described at all.
 
+mod schema;
+
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
@@ -196,13 +198,15 @@ impl ToolRequest {
     /// function with arguments that follow its schema, closed: an object
     /// that does not say otherwise takes only the properties it declares,
     /// as under OpenAI's strict function calling (a small model otherwise
-    /// invents arguments until its budget runs out).
+    /// invents arguments until its budget runs out). The functions' local
+    /// references (`$defs`, as Pydantic writes them) still resolve.
     pub fn calls_schema(&self) -> Value {
         let each: Vec<Value> = self
             .callable()
-            .map(|t| {
-                let mut arguments = t.parameters.clone();
-                close_objects(&mut arguments);
+            .enumerate()
+            .map(|(i, t)| {
+                let at = format!("/properties/tool_calls/items/anyOf/{i}/properties/arguments");
+                let arguments = schema::embed(&t.parameters, &at);
                 json!({
                     "type": "object",
                     "properties": {"name": {"const": t.name}, "arguments": arguments},
@@ -424,21 +428,6 @@ fn tool(i: usize, t: &Value) -> Result<Tool, ApiError> {
         description,
         parameters,
     })
-}
-
-/// Sets `additionalProperties: false` on every object schema in `schema`
-/// that declares properties and does not say.
-fn close_objects(schema: &mut Value) {
-    match schema {
-        Value::Object(obj) => {
-            if obj.contains_key("properties") && !obj.contains_key("additionalProperties") {
-                obj.insert("additionalProperties".into(), false.into());
-            }
-            obj.values_mut().for_each(close_objects);
-        }
-        Value::Array(items) => items.iter_mut().for_each(close_objects),
-        _ => {}
-    }
 }
 
 /// The position of the first tool whose name an earlier one has.

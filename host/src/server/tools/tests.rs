@@ -175,3 +175,127 @@ fn results_name_their_call() {
     );
     assert!(render_calls("m", &json!([{"function": {"name": "f", "arguments": "{"}}])).is_err());
 }
+
+/// Every `$ref` under `schema`, with the JSON pointer of the object that
+/// holds it.
+fn refs(schema: &Value, at: String, out: &mut Vec<(String, String)>) {
+    match schema {
+        Value::Object(obj) => {
+            if let Some(Value::String(r)) = obj.get("$ref") {
+                out.push((at.clone(), r.clone()));
+            }
+            for (k, v) in obj {
+                refs(
+                    v,
+                    format!("{at}/{}", k.replace('~', "~0").replace('/', "~1")),
+                    out,
+                );
+            }
+        }
+        Value::Array(list) => {
+            for (i, v) in list.iter().enumerate() {
+                refs(v, format!("{at}/{i}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The node a local `$ref` names in `root`.
+fn resolve<'a>(root: &'a Value, target: &str) -> &'a Value {
+    let pointer = target.strip_prefix('#').expect("a local reference");
+    root.pointer(pointer)
+        .unwrap_or_else(|| panic!("`{target}` resolves to nothing"))
+}
+
+#[test]
+fn local_references_resolve_where_the_parameters_are_placed() {
+    // As Pydantic writes a model with nested models ($defs), an older
+    // generator's `definitions`, and a recursive reference to the root.
+    let ship = json!({
+        "title": "Shipment",
+        "type": "object",
+        "properties": {
+            "sender": {"$ref": "#/$defs/Address"},
+            "recipient": {"$ref": "#/$defs/Address"},
+            "size": {"$ref": "#/definitions/Size"},
+            "parts": {"type": "array", "items": {"$ref": "#"}},
+        },
+        "required": ["sender", "recipient"],
+        "$defs": {"Address": {"title": "Address", "type": "object", "properties": {"city": {"type": "string"}}}},
+        "definitions": {"Size": {"title": "Size", "enum": ["S", "M", "L"]}},
+    });
+    let body = json!({
+        "tools": [weather(), {"type": "function", "function": {"name": "ship", "parameters": ship}}],
+        "tool_choice": "required",
+    });
+    let r = ToolRequest::from_body(&body).unwrap().unwrap();
+    let calls = r.calls_schema();
+    let mut original = Vec::new();
+    refs(&ship, String::new(), &mut original);
+    let args = "/properties/tool_calls/items/anyOf/1/properties/arguments";
+    let placed = calls.pointer(args).unwrap();
+    let mut moved = Vec::new();
+    refs(placed, String::new(), &mut moved);
+    assert_eq!(original.len(), 4);
+    assert_eq!(moved.len(), original.len());
+    for ((at, before), (at_now, after)) in original.iter().zip(&moved) {
+        assert_eq!(at, at_now);
+        // The same definition, found from the whole calls schema.
+        let (was, is) = (resolve(&ship, before), resolve(&calls, after));
+        assert_eq!(was["title"], is["title"], "{before} -> {after}");
+        assert_eq!(
+            was.get("properties")
+                .map(|p| p.as_object().unwrap().keys().collect::<Vec<_>>()),
+            is.get("properties")
+                .map(|p| p.as_object().unwrap().keys().collect::<Vec<_>>()),
+        );
+    }
+    // The definitions are closed like the rest; the functions' own
+    // schemas are not touched.
+    assert_eq!(resolve(&calls, &moved[0].1)["additionalProperties"], false);
+    assert_eq!(r.tools[1].parameters, ship);
+    // A reference elsewhere is left as written (llguidance refuses it
+    // with a message naming it).
+    let remote =
+        json!({"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}});
+    let body =
+        json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": remote}}]});
+    let r = ToolRequest::from_body(&body).unwrap().unwrap();
+    let placed = &r.calls_schema()["properties"]["tool_calls"]["items"]["anyOf"][0];
+    assert_eq!(
+        placed["properties"]["arguments"]["properties"]["a"]["$ref"],
+        "https://example.com/a.json"
+    );
+}
+
+#[test]
+fn only_schemas_are_closed_not_the_data_in_them() {
+    let parameters = json!({
+        "type": "object",
+        "properties": {
+            // A property named `properties`, and one whose schema is open.
+            "properties": {"type": "string"},
+            "extra": {"type": "object", "properties": {}, "additionalProperties": true},
+            "either": {"anyOf": [{"type": "object", "properties": {"x": {}}}, {"type": "null"}]},
+        },
+        "default": {"properties": {"x": 1}},
+        "examples": [{"properties": {}}],
+        "const": {"properties": {}},
+    });
+    let body = json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": parameters}}]});
+    let r = ToolRequest::from_body(&body).unwrap().unwrap();
+    let calls = r.calls_schema();
+    let args = &calls["properties"]["tool_calls"]["items"]["anyOf"][0]["properties"]["arguments"];
+    assert_eq!(args["additionalProperties"], false);
+    let props = args["properties"].as_object().unwrap();
+    assert_eq!(
+        props.keys().collect::<Vec<_>>(),
+        ["properties", "extra", "either"]
+    );
+    assert_eq!(props["extra"]["additionalProperties"], true);
+    assert_eq!(props["either"]["anyOf"][0]["additionalProperties"], false);
+    for data in ["default", "examples", "const"] {
+        assert_eq!(args[data], parameters[data], "{data} is data");
+    }
+}
