@@ -300,16 +300,22 @@ pub fn json_len(value: &Value) -> u64 {
     count.0
 }
 
-/// The tokenized prompt must leave room in the context for at least one
-/// generated token, and with `max_tokens` (read from `max_tokens_field`)
-/// fit in it. The scheduler checks the same; here the error names the
-/// request field to change.
+/// The tokenized prompt must hold a token, leave room in the context for
+/// at least one generated token, and with `max_tokens` (read from
+/// `max_tokens_field`) fit in it. The scheduler checks the same; here the
+/// error names the request field to change.
 pub fn check_context(
     prompt_field: &str,
     prompt_len: usize,
     (max_tokens_field, max_tokens): (&str, u32),
     max_model_len: usize,
 ) -> Result<(), ApiError> {
+    if prompt_len == 0 {
+        return Err(ApiError::field(
+            prompt_field,
+            "has no tokens (once tokenized); give at least one",
+        ));
+    }
     if prompt_len >= max_model_len {
         return Err(prompt_too_long(prompt_field, prompt_len, max_model_len));
     }

@@ -289,6 +289,9 @@ fn mistyped_fields_are_left_to_the_typed_reading() {
 fn the_context_bounds_prompt_and_max_tokens() {
     let max_tokens = |n| ("max_tokens", n);
     assert!(check_context("prompt", 7, max_tokens(1), 8).is_ok());
+    let e = check_context("prompt[1]", 0, max_tokens(1), 8).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("prompt[1]"));
+    assert!(e.message.contains("no tokens"), "{}", e.message);
     let e = check_context("messages", 8, max_tokens(1), 8).unwrap_err();
     assert_eq!(e.param.as_deref(), Some("messages"));
     assert!(
