@@ -228,6 +228,12 @@ fn stop_strings_logprobs_and_seeds() {
     let want1 = offline(vec![Prompt::Text(prompt.into())], seeded(43));
     assert_eq!(a["choices"][0]["text"], want0[0].text);
     assert_eq!(a["choices"][1]["text"], want1[0].text);
+    // A negative seed, which vLLM takes too, keys the generator by its
+    // two's-complement bits.
+    let body = json!({"prompt": prompt, "max_tokens": 12, "temperature": 1.0, "seed": -1});
+    let v = server.post("/v1/completions", &body).json();
+    let want = offline(vec![Prompt::Text(prompt.into())], seeded(u64::MAX));
+    assert_eq!(v["choices"][0]["text"], want[0].text);
 }
 
 #[test]
@@ -280,6 +286,18 @@ fn bad_input_gets_an_openai_error_naming_the_field() {
         ),
         ("/v1/completions", br#"{"prompt": 7}"#, Some("prompt")),
         ("/v1/completions", br#"{"prompt": [49152]}"#, Some("prompt")),
+        // Empty once tokenized: refused before it reaches the engine.
+        ("/v1/completions", br#"{"prompt": ""}"#, Some("prompt")),
+        (
+            "/v1/completions",
+            br#"{"prompt": [[1, 2], []]}"#,
+            Some("prompt[1]"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "x", "seed": 1.5}"#,
+            Some("seed"),
+        ),
         (
             "/v1/chat/completions",
             br#"{"messages": [{"role": "user", "content": "x"}], "echo": true}"#,

@@ -150,6 +150,29 @@ fn yes() -> bool {
     true
 }
 
+/// Reads `seed`: vLLM takes any signed 64-bit integer, OpenAI any integer,
+/// and the generator is keyed by 64 bits, so a negative seed keys it by its
+/// two's-complement bits (distinct seeds stay distinct keys).
+fn seed<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    struct Seed;
+    impl serde::de::Visitor<'_> for Seed {
+        type Value = Option<u64>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an integer from -2^63 to 2^64 - 1")
+        }
+        fn visit_u64<E>(self, v: u64) -> Result<Option<u64>, E> {
+            Ok(Some(v))
+        }
+        fn visit_i64<E>(self, v: i64) -> Result<Option<u64>, E> {
+            Ok(Some(v as u64))
+        }
+        fn visit_unit<E>(self) -> Result<Option<u64>, E> {
+            Ok(None)
+        }
+    }
+    d.deserialize_any(Seed)
+}
+
 /// `stop`: one string or a list of them.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(untagged)]
@@ -181,7 +204,9 @@ pub struct SamplingRequest {
     pub frequency_penalty: Option<f32>,
     /// vLLM's repetition penalty.
     pub repetition_penalty: Option<f32>,
-    /// Seed of the request's random generator.
+    /// Seed of the request's random generator: any 64-bit integer, signed
+    /// or not, as vLLM takes it.
+    #[serde(deserialize_with = "seed")]
     pub seed: Option<u64>,
     /// Most tokens to generate.
     pub max_tokens: Option<u32>,

@@ -280,3 +280,20 @@ fn roles_are_checked_and_developer_is_system() {
         .message
         .contains("system, developer (taken as system), user, assistant and tool"));
 }
+
+#[test]
+fn seeds_take_every_64_bit_integer_signed_or_not() {
+    let seed = |v: Value| sampling(json!({ "seed": v })).map(|p| p.seed);
+    assert_eq!(seed(json!(7)).unwrap(), Some(7));
+    assert_eq!(seed(json!(u64::MAX)).unwrap(), Some(u64::MAX));
+    assert_eq!(seed(Value::Null).unwrap(), None);
+    // Negative seeds (vLLM's range reaches -2^63) are keys of their own.
+    let (minus_one, min) = (seed(json!(-1)).unwrap(), seed(json!(i64::MIN)).unwrap());
+    assert!(minus_one.is_some() && min.is_some() && minus_one != min);
+    assert_ne!(minus_one, seed(json!(1)).unwrap());
+    for bad in [json!(1.5), json!("7"), json!(1e30)] {
+        let e = seed(bad.clone()).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("seed"), "{bad}");
+        assert!(e.message.contains("integer"), "{bad}: {}", e.message);
+    }
+}
