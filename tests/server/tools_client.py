@@ -95,6 +95,9 @@ def named(fn):
     return {"type": "function", "function": {"name": fn}}
 
 
+ALLOW_ADD = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [named("add")]}}
+
+
 def non_streamed(name, messages, choice, allowed, parallel=False, tools=TOOLS):
     r = client.chat.completions.create(
         model=model, messages=messages, tools=tools, tool_choice=choice,
@@ -203,6 +206,8 @@ jobs = [
     lambda: non_streamed("named", ASK_WEATHER, named("get_weather"), ["get_weather"]),
     lambda: non_streamed("named add", ASK_SUM, named("add"), ["add"]),
     lambda: non_streamed("required", ASK_SUM, "required", list(SCHEMAS)),
+    # OpenAI's allowed_tools: every tool stays offered, only `add` callable.
+    lambda: non_streamed("allowed tools", ASK_WEATHER, ALLOW_ADD, ["add"]),
     lambda: streamed("streamed named", ASK_SUM, named("add"), ["add"]),
     lambda: streamed("streamed required", ASK_WEATHER, "required", list(SCHEMAS)),
     lambda: pydantic_model("pydantic model", stream=False),

@@ -44,6 +44,15 @@ pub enum ToolChoice {
     Required,
     /// A call of this function.
     Named(String),
+    /// OpenAI's `allowed_tools`: only these functions may be called (the
+    /// others stay in the request, unseen), under `auto` (`required:
+    /// false`) or `required`.
+    Allowed {
+        /// The functions that may be called, each offered in `tools`.
+        names: Vec<String>,
+        /// `mode: "required"`.
+        required: bool,
+    },
 }
 
 /// A chat request's tools and how it lets the model use them.
@@ -134,13 +143,18 @@ impl ToolRequest {
 
     /// Whether the answer must be a call.
     pub fn must_call(&self) -> bool {
-        matches!(self.choice, ToolChoice::Required | ToolChoice::Named(_))
+        match self.choice {
+            ToolChoice::Required | ToolChoice::Named(_) => true,
+            ToolChoice::Allowed { required, .. } => required,
+            ToolChoice::None | ToolChoice::Auto => false,
+        }
     }
 
     /// The functions a call may name.
     fn callable(&self) -> impl Iterator<Item = &Tool> {
         self.tools.iter().filter(move |t| match &self.choice {
             ToolChoice::Named(n) => &t.name == n,
+            ToolChoice::Allowed { names, .. } => names.contains(&t.name),
             _ => true,
         })
     }
@@ -163,9 +177,9 @@ impl ToolRequest {
                 Value::Object(f)
             })
             .collect();
-        let how = match &self.choice {
-            ToolChoice::Auto => "If a function helps to answer, reply with only a JSON object calling it, in this form; otherwise reply in plain text.",
-            _ => "Reply with only a JSON object calling the function, in this form.",
+        let how = match self.must_call() {
+            false => "If a function helps to answer, reply with only a JSON object calling it, in this form; otherwise reply in plain text.",
+            true => "Reply with only a JSON object calling the function, in this form.",
         };
         let many = if self.parallel {
             " List one entry per call."
@@ -238,10 +252,10 @@ impl ToolRequest {
         let mut calls = self.calls_schema();
         // llguidance's own option, read inside `%json` too.
         calls["x-guidance"] = json!({"whitespace_flexible": false});
-        match self.choice {
-            ToolChoice::None => None,
-            ToolChoice::Required | ToolChoice::Named(_) => Some(json!({ "json": calls })),
-            ToolChoice::Auto => Some(json!({
+        match (self.may_call(), self.must_call()) {
+            (false, _) => None,
+            (true, true) => Some(json!({ "json": calls })),
+            (true, false) => Some(json!({
                 "grammar": format!("start: TEXT | calls\nTEXT: /[^{{](.|\\n)*/\ncalls: %json {calls}\n")
             })),
         }
@@ -469,9 +483,11 @@ fn choice(v: &Value, tools: &[Tool]) -> Result<ToolChoice, ApiError> {
                 .and_then(Value::as_str),
         ) {
             (Some("function"), Some(name)) => named(name),
+            (Some("allowed_tools"), _) => allowed(o.get("allowed_tools"), tools),
             _ => Err(ApiError::field(
                 "tool_choice",
-                "a named choice is {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                "a choice object is {\"type\": \"function\", \"function\": {\"name\": ...}} \
+                 or {\"type\": \"allowed_tools\", \"allowed_tools\": {\"mode\": ..., \"tools\": [...]}}",
             )),
         },
         _ => Err(ApiError::field(
@@ -479,6 +495,56 @@ fn choice(v: &Value, tools: &[Tool]) -> Result<ToolChoice, ApiError> {
             "must be none, auto, required or a named function",
         )),
     }
+}
+
+/// `tool_choice.allowed_tools`: `mode` (`auto` or `required`) and `tools`,
+/// a non-empty list of `{"type": "function", "function": {"name": ...}}`
+/// naming offered functions.
+fn allowed(v: Option<&Value>, tools: &[Tool]) -> Result<ToolChoice, ApiError> {
+    let field = |f: &str| format!("tool_choice.allowed_tools{f}");
+    let obj = v
+        .and_then(Value::as_object)
+        .ok_or_else(|| ApiError::field(&field(""), "must be an object with `mode` and `tools`"))?;
+    let required = match obj.get("mode").and_then(Value::as_str) {
+        Some("auto") => false,
+        Some("required") => true,
+        _ => {
+            return Err(ApiError::field(
+                &field(".mode"),
+                "must be `auto` or `required`",
+            ))
+        }
+    };
+    let list = obj
+        .get("tools")
+        .and_then(Value::as_array)
+        .filter(|l| !l.is_empty())
+        .ok_or_else(|| {
+            ApiError::field(&field(".tools"), "must be a non-empty list of functions")
+        })?;
+    let mut names = Vec::with_capacity(list.len());
+    for (i, t) in list.iter().enumerate() {
+        let name = match (
+            t.get("type").and_then(Value::as_str),
+            t.pointer("/function/name"),
+        ) {
+            (Some("function"), Some(Value::String(name))) => name,
+            _ => {
+                return Err(ApiError::field(
+                    &field(&format!(".tools[{i}]")),
+                    "must be {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                ))
+            }
+        };
+        if !tools.iter().any(|t| &t.name == name) {
+            return Err(ApiError::field(
+                &field(&format!(".tools[{i}]")),
+                format!("names `{name}`, which `tools` does not offer"),
+            ));
+        }
+        names.push(name.clone());
+    }
+    Ok(ToolChoice::Allowed { names, required })
 }
 
 #[cfg(test)]

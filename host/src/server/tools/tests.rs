@@ -299,3 +299,71 @@ fn only_schemas_are_closed_not_the_data_in_them() {
         assert_eq!(args[data], parameters[data], "{data} is data");
     }
 }
+
+#[test]
+fn allowed_tools_narrow_the_callable_functions() {
+    let allowed = |mode: &str, names: &[&str]| {
+        let tools: Vec<Value> = names
+            .iter()
+            .map(|n| json!({"type": "function", "function": {"name": n}}))
+            .collect();
+        request(
+            json!({"tool_choice": {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": tools}}}),
+        )
+    };
+    let names_in = |schema: &Value| -> Vec<String> {
+        schema["properties"]["tool_calls"]["items"]["anyOf"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                c["properties"]["name"]["const"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect()
+    };
+    // `required`: a call, of `now` only, as many as parallel calls allow.
+    let r = allowed("required", &["now"]).unwrap().unwrap();
+    assert!(r.may_call() && r.must_call());
+    assert_eq!(names_in(&r.calls_schema()), ["now"]);
+    assert!(r.calls_schema()["properties"]["tool_calls"]
+        .get("maxItems")
+        .is_none());
+    let so = r.structured_outputs().unwrap();
+    assert_eq!(names_in(&so["json"]), ["now"]);
+    let prompt = r.system_prompt().unwrap();
+    assert!(
+        prompt.contains("\"now\"") && !prompt.contains("get_weather"),
+        "{prompt}"
+    );
+    // `auto`: text or a call of the allowed functions.
+    let r = allowed("auto", &["get_weather"]).unwrap().unwrap();
+    assert!(r.may_call() && !r.must_call());
+    assert_eq!(names_in(&r.calls_schema()), ["get_weather"]);
+    let grammar = r.structured_outputs().unwrap()["grammar"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(grammar.starts_with("start: TEXT | calls") && !grammar.contains("\"now\""));
+    // Every shape error names its field.
+    let field = |e: ApiError| e.param.unwrap();
+    assert_eq!(
+        field(allowed("sometimes", &["now"]).unwrap_err()),
+        "tool_choice.allowed_tools.mode"
+    );
+    assert_eq!(
+        field(allowed("auto", &[]).unwrap_err()),
+        "tool_choice.allowed_tools.tools"
+    );
+    assert_eq!(
+        field(allowed("auto", &["now", "mul"]).unwrap_err()),
+        "tool_choice.allowed_tools.tools[1]"
+    );
+    let e = request(json!({"tool_choice": {"type": "allowed_tools"}})).unwrap_err();
+    assert_eq!(field(e), "tool_choice.allowed_tools");
+    let e =
+        request(json!({"tool_choice": {"type": "custom", "custom": {"name": "now"}}})).unwrap_err();
+    assert_eq!(field(e), "tool_choice");
+}
