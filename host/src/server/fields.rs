@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use super::error::ApiError;
 use super::protocol::{ChatCompletionRequest, CompletionRequest, RequestMessage, SamplingRequest};
+use super::tools;
 
 /// Which endpoint a body was sent to: each reads its own fields.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -289,8 +290,19 @@ fn messages_of(body: &Value) -> impl Iterator<Item = &serde_json::Map<String, Va
         .filter_map(Value::as_object)
 }
 
+/// The body's tools that are objects (others are refused when the tools
+/// are read).
+fn tools_of(body: &Value) -> impl Iterator<Item = &serde_json::Map<String, Value>> {
+    body.get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_object)
+}
+
 /// The names of the fields neither OpenAI nor vLLM defines for `endpoint`
-/// (message fields as `messages[i].name`), the first [`IGNORED_LOGGED`] of
+/// (message fields as `messages[i].name`, tool fields as `tools[i].name` and
+/// `tools[i].function.name`), the first [`IGNORED_LOGGED`] of
 /// them cut to [`IGNORED_NAME_CHARS`], and how many there are.
 fn ignored_fields(body: &Value, endpoint: Endpoint) -> (Vec<String>, usize) {
     let own = match endpoint {
@@ -321,9 +333,22 @@ fn ignored_fields(body: &Value, endpoint: Endpoint) -> (Vec<String>, usize) {
             })
             .map(move |k| format!("messages[{i}].{k}"))
     });
+    let in_tools = tools_of(body).enumerate().flat_map(|(i, t)| {
+        let own = t
+            .keys()
+            .filter(|k| !tools::TOOL_FIELDS.contains(&k.as_str()))
+            .map(move |k| format!("tools[{i}].{k}"));
+        let function = t.get("function").and_then(Value::as_object).into_iter();
+        let in_function = function.flat_map(move |f| {
+            f.keys()
+                .filter(|k| !tools::FUNCTION_FIELDS.contains(&k.as_str()))
+                .map(move |k| format!("tools[{i}].function.{k}"))
+        });
+        own.chain(in_function)
+    });
     let mut names = Vec::new();
     let mut count = 0;
-    for name in top.chain(in_messages) {
+    for name in top.chain(in_messages).chain(in_tools) {
         if names.len() < IGNORED_LOGGED {
             names.push(name.chars().take(IGNORED_NAME_CHARS).collect());
         }
@@ -488,6 +513,37 @@ mod tests {
             let body = json!({"messages": [{"role": "user", "content": "a", field: null}]});
             assert!(check_fields(&body, Endpoint::Chat).is_ok(), "{body}");
         }
+    }
+
+    #[test]
+    fn unknown_tool_fields_are_named_as_ignored() {
+        let tool = |extra: Value, function: Value| {
+            let mut t = json!({"type": "function", "function": {"name": "f", "description": "d",
+                "parameters": {"type": "object"}, "strict": true}});
+            for (k, v) in extra.as_object().unwrap() {
+                t[k] = v.clone();
+            }
+            for (k, v) in function.as_object().unwrap() {
+                t["function"][k] = v.clone();
+            }
+            t
+        };
+        let body = json!({"messages": [], "tools": [tool(json!({}), json!({}))]});
+        assert_eq!(ignored_fields(&body, Endpoint::Chat), (vec![], 0));
+        let body = json!({"messages": [], "tools": [
+            tool(json!({}), json!({})),
+            tool(json!({"banana": 1}), json!({"examples": []})),
+        ]});
+        assert_eq!(
+            ignored_fields(&body, Endpoint::Chat),
+            (
+                vec![
+                    "tools[1].banana".to_string(),
+                    "tools[1].function.examples".to_string()
+                ],
+                2
+            )
+        );
     }
 
     #[test]

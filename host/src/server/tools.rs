@@ -22,6 +22,14 @@ use crate::tokenizer::ChatMessage;
 /// Longest function name OpenAI accepts.
 const MAX_NAME_LEN: usize = 64;
 
+/// The fields of a `tools` entry that OpenAI defines, all read here.
+pub(super) const TOOL_FIELDS: &[&str] = &["type", "function"];
+
+/// The fields of a tool's `function` that OpenAI defines: all read here
+/// but `strict`, which every call already is (its arguments are
+/// constrained to the schema, closed as under strict mode).
+pub(super) const FUNCTION_FIELDS: &[&str] = &["name", "description", "parameters", "strict"];
+
 /// One function the client offers.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tool {
