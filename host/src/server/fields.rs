@@ -211,7 +211,7 @@ pub fn check_fields(body: &Value, endpoint: Endpoint) -> Result<(), ApiError> {
 /// The message fields of a chat body (`messages[i].name`, ...) this server
 /// does not implement are refused unless unset.
 pub(super) fn check_message_fields(body: &Value) -> Result<(), ApiError> {
-    for (i, m) in messages_of(body).enumerate() {
+    for (i, m) in objects_in(body, "messages").enumerate() {
         // A tool result's `name` is the function's (OpenAI's older form).
         let is_tool = m.get("role").and_then(Value::as_str) == Some("tool");
         for (field, why) in UNSUPPORTED_IN_MESSAGE {
@@ -280,20 +280,13 @@ fn warn_ignored(names: &[String], count: usize) {
     );
 }
 
-/// The body's messages that are objects (others are refused by the typed
-/// reading).
-fn messages_of(body: &Value) -> impl Iterator<Item = &serde_json::Map<String, Value>> {
-    body.get("messages")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_object)
-}
-
-/// The body's tools that are objects (others are refused when the tools
-/// are read).
-fn tools_of(body: &Value) -> impl Iterator<Item = &serde_json::Map<String, Value>> {
-    body.get("tools")
+/// The objects in the body's list `key` (`messages`, `tools`); entries of
+/// another type are refused when the list is read.
+fn objects_in<'a>(
+    body: &'a Value,
+    key: &str,
+) -> impl Iterator<Item = &'a serde_json::Map<String, Value>> {
+    body.get(key)
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
@@ -325,7 +318,7 @@ fn ignored_fields(body: &Value, endpoint: Endpoint) -> (Vec<String>, usize) {
         .filter(|k| !known(k))
         .map(|k| k.to_string());
     let message_fields = field_names::<RequestMessage>();
-    let in_messages = messages_of(body).enumerate().flat_map(|(i, m)| {
+    let in_messages = objects_in(body, "messages").enumerate().flat_map(|(i, m)| {
         m.keys()
             .filter(|k| {
                 !message_fields.contains(&k.as_str())
@@ -333,7 +326,7 @@ fn ignored_fields(body: &Value, endpoint: Endpoint) -> (Vec<String>, usize) {
             })
             .map(move |k| format!("messages[{i}].{k}"))
     });
-    let in_tools = tools_of(body).enumerate().flat_map(|(i, t)| {
+    let in_tools = objects_in(body, "tools").enumerate().flat_map(|(i, t)| {
         let own = t
             .keys()
             .filter(|k| !tools::TOOL_FIELDS.contains(&k.as_str()))
