@@ -64,6 +64,41 @@ fn at_most_fixed(
     ))
 }
 
+/// Deepest nesting of lists and objects in `extra_args` (itself counted)
+/// that the plugins read: they parse it with serde_json, which stops at
+/// this depth. A body is parsed under the same limit, but a constraint the
+/// server wraps goes deeper where it lands (a tool's parameters sit six
+/// levels below where the client wrote them), so the final `extra_args`
+/// is held to it.
+pub const MAX_EXTRA_ARGS_NESTING: usize = 127;
+
+/// 400 naming `field` (where the constraint came from) unless the final
+/// `extra_args` nests at most [`MAX_EXTRA_ARGS_NESTING`] levels deep.
+pub fn check_nesting(field: &str, extra_args: &Value) -> Result<(), ApiError> {
+    let why = "the plugins read extra_args, where the constraint travels, at most that deep; \
+               flatten the schema";
+    let unit = "levels of nesting in extra_args as the plugins receive it";
+    at_most_fixed(
+        field,
+        len(nesting(extra_args)),
+        unit,
+        MAX_EXTRA_ARGS_NESTING,
+        why,
+    )
+}
+
+/// Lists and objects nested in `value`, itself counted (0 for a scalar).
+/// Recursive: a value here comes from a body parsed under serde_json's
+/// nesting limit, plus the few levels the server wraps around it.
+fn nesting(value: &Value) -> usize {
+    let inner = match value {
+        Value::Array(items) => items.iter().map(nesting).max(),
+        Value::Object(map) => map.values().map(nesting).max(),
+        _ => return 0,
+    };
+    1 + inner.unwrap_or(0)
+}
+
 /// `usize` lengths as the `u64` values [`at_most`] compares.
 fn len(n: usize) -> u64 {
     n as u64

@@ -15,6 +15,7 @@ use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
 use super::fields::IGNORED_NAME_CHARS;
+use super::limits;
 use super::protocol::SamplingRequest;
 use super::{AppState, RequestCheck};
 use crate::sampling::{SamplingParams, STRUCTURED_OUTPUTS_KEY as KEY};
@@ -321,6 +322,9 @@ pub fn attach(
         (None, None) => return Ok("extra_args".into()),
     };
     args.insert(KEY.into(), value);
+    if let Some(args) = extra_args {
+        limits::check_nesting(&field, args)?;
+    }
     Ok(field)
 }
 
