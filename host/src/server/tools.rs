@@ -17,6 +17,8 @@ mod schema;
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
+use super::limits;
+use crate::sampling::STRUCTURED_OUTPUTS_KEY;
 use crate::tokenizer::ChatMessage;
 
 /// Longest function name OpenAI accepts.
@@ -136,11 +138,20 @@ impl ToolRequest {
                 )),
             };
         }
-        Ok(Some(ToolRequest {
+        let request = ToolRequest {
             tools,
             choice,
             parallel,
-        }))
+        };
+        if request.may_call() {
+            // The calls' schema reaches the plugin in extra_args (a call
+            // required) or inside a grammar (`auto`); held to the plugins'
+            // nesting bound as the former, so a tools list is taken or
+            // refused alike under every choice.
+            let as_sent = json!({ STRUCTURED_OUTPUTS_KEY: {"json": request.calls_schema()} });
+            limits::check_nesting("tools", &as_sent)?;
+        }
+        Ok(Some(request))
     }
 
     /// Whether the answer may or must be a call (`tool_choice` is not

@@ -367,3 +367,36 @@ fn allowed_tools_narrow_the_callable_functions() {
         request(json!({"tool_choice": {"type": "custom", "custom": {"name": "now"}}})).unwrap_err();
     assert_eq!(field(e), "tool_choice");
 }
+
+#[test]
+fn a_schema_too_deep_for_the_plugins_is_refused_under_every_choice() {
+    // Arrays of arrays of ... integers, `levels` objects deep.
+    let deep = |levels: usize| {
+        (1..levels).fold(
+            json!({"type": "integer"}),
+            |inner, _| json!({"type": "array", "items": inner}),
+        )
+    };
+    let body = |levels: usize, choice: Value| {
+        json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": deep(levels)}}],
+               "tool_choice": choice})
+    };
+    // Nine levels of extra_args and the calls' schema lie above the
+    // parameters where the plugins read them.
+    let fits = limits::MAX_EXTRA_ARGS_NESTING - 9;
+    for choice in [
+        json!("auto"),
+        json!("required"),
+        json!({"type": "function", "function": {"name": "f"}}),
+    ] {
+        assert!(
+            ToolRequest::from_body(&body(fits, choice.clone())).is_ok(),
+            "{choice}"
+        );
+        let e = ToolRequest::from_body(&body(fits + 1, choice.clone())).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("tools"), "{choice}");
+        assert!(e.message.contains("flatten the schema"), "{}", e.message);
+    }
+    // Under `none` the schema goes nowhere.
+    assert!(ToolRequest::from_body(&body(fits + 1, json!("none"))).is_ok());
+}
