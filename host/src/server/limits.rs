@@ -99,6 +99,16 @@ fn nesting(value: &Value) -> usize {
     1 + inner.unwrap_or(0)
 }
 
+/// A JSON schema nesting `levels` objects (arrays of arrays of ...
+/// integers), for the tests of [`check_nesting`]'s callers.
+#[cfg(test)]
+pub(super) fn nested_schema(levels: usize) -> Value {
+    (1..levels).fold(
+        serde_json::json!({"type": "integer"}),
+        |inner, _| serde_json::json!({"type": "array", "items": inner}),
+    )
+}
+
 /// `usize` lengths as the `u64` values [`at_most`] compares.
 fn len(n: usize) -> u64 {
     n as u64

@@ -324,24 +324,14 @@ async fn the_check_sees_the_final_extra_args_and_its_refusal_is_a_400() {
     );
 }
 
-/// A schema nesting `levels` objects: arrays of arrays of ... integers.
-fn nested_schema(levels: usize) -> Value {
-    (1..levels).fold(
-        json!({"type": "integer"}),
-        |inner, _| json!({"type": "array", "items": inner}),
-    )
-}
-
 #[test]
 fn extra_args_the_plugins_cannot_parse_are_refused_naming_the_constraint() {
     // The bound is serde_json's own: the final extra_args as JSON text
     // parses at the deepest nesting let through, and not one level deeper.
-    let fits =
-        json!({"structured_outputs": {"json": nested_schema(limits::MAX_EXTRA_ARGS_NESTING - 2)}});
+    let fits = json!({"structured_outputs": {"json": limits::nested_schema(limits::MAX_EXTRA_ARGS_NESTING - 2)}});
     let text = serde_json::to_string(&fits).unwrap();
     assert!(serde_json::from_str::<Value>(&text).is_ok());
-    let deeper =
-        json!({"structured_outputs": {"json": nested_schema(limits::MAX_EXTRA_ARGS_NESTING - 1)}});
+    let deeper = json!({"structured_outputs": {"json": limits::nested_schema(limits::MAX_EXTRA_ARGS_NESTING - 1)}});
     let text = serde_json::to_string(&deeper).unwrap();
     let e = serde_json::from_str::<Value>(&text).unwrap_err();
     assert!(e.to_string().contains("recursion limit"), "{e}");
@@ -349,7 +339,7 @@ fn extra_args_the_plugins_cannot_parse_are_refused_naming_the_constraint() {
     // Through the API: a schema given as JSON text parses under the body's
     // limit but lands two levels deeper in extra_args.
     let at = |levels: usize| {
-        let schema = serde_json::to_string(&nested_schema(levels)).unwrap();
+        let schema = serde_json::to_string(&limits::nested_schema(levels)).unwrap();
         attached(json!({"structured_outputs": {"json": schema}}))
     };
     let (args, field) = at(limits::MAX_EXTRA_ARGS_NESTING - 2).unwrap();

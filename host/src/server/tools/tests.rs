@@ -370,15 +370,8 @@ fn allowed_tools_narrow_the_callable_functions() {
 
 #[test]
 fn a_schema_too_deep_for_the_plugins_is_refused_under_every_choice() {
-    // Arrays of arrays of ... integers, `levels` objects deep.
-    let deep = |levels: usize| {
-        (1..levels).fold(
-            json!({"type": "integer"}),
-            |inner, _| json!({"type": "array", "items": inner}),
-        )
-    };
     let body = |levels: usize, choice: Value| {
-        json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": deep(levels)}}],
+        json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": limits::nested_schema(levels)}}],
                "tool_choice": choice})
     };
     // Nine levels of extra_args and the calls' schema lie above the
