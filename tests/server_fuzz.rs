@@ -110,6 +110,8 @@ const FIELDS: &[&str] = &[
     "background",
     "text",
     "reasoning",
+    "include",
+    "top_logprobs",
     "no_such_field",
     "",
 ];
@@ -155,6 +157,12 @@ fn extreme_value() -> impl Strategy<Value = Value> {
             json!({"include_usage": true}),
             json!({"50256": 100, "1": -100}),
             json!([{"type": "function", "function": {"name": "f"}}]),
+            // The Responses API's tool, tool choice and call items.
+            json!([{"type": "function", "name": "f"}]),
+            json!({"type": "function", "name": "f"}),
+            json!(["message.output_text.logprobs"]),
+            json!([{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c", "output": "x"}]),
         ]),
     ]
 }

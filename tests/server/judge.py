@@ -1,6 +1,8 @@
-"""What the concurrent client scripts share: a check that prints one line
-and counts, safe across the threads that run requests at once, and the
-summary line `Server::run_openai_script` looks for."""
+"""What the client scripts share: a check that prints one line and counts,
+safe across the threads that run requests at once, and the summary line
+`Server::run_openai_script` looks for; and the functions the tool-calling
+scripts offer (name, description, parameters: each API wraps them in its
+own tool shape)."""
 
 import sys
 import threading
@@ -26,3 +28,29 @@ class Checks:
     def finish(self):
         print(f"{self.passed} passed, {len(self.failed)} failed")
         sys.exit(1 if self.failed else 0)
+
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "The current weather in a city",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 40},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        },
+        "required": ["city", "unit"],
+    },
+}
+ADD = {
+    "name": "add",
+    "description": "Adds two integers",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "a": {"type": "integer", "minimum": -1000, "maximum": 1000},
+            "b": {"type": "integer", "minimum": -1000, "maximum": 1000},
+        },
+        "required": ["a", "b"],
+    },
+}

@@ -62,6 +62,32 @@ check("stream final response", final.output_text == answer and final.status == t
 check("stream created", events[0].response.status == "in_progress" and events[0].response.output == [], events[0])
 item_id = events[2].item.id
 check("stream item ids", all(getattr(e, "item_id", item_id) == item_id for e in events), events)
+# The item and part open empty: a client appends every delta to them.
+check("stream opens empty", events[2].item.content[0].text == "" and events[3].part.text == "", (events[2], events[3]))
+
+# Logprobs (include + top_logprobs): chat's for the same conversation, one
+# entry per generated token; greedy, each token is its own first
+# alternative. Streamed, the deltas carry them in the same order.
+def entries(logprobs):
+    return [(e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs]) for e in logprobs]
+
+
+asked = {"input": question, "include": ["message.output_text.logprobs"], "top_logprobs": 2, **greedy}
+r = client.responses.create(**asked)
+got = entries(r.output[0].content[0].logprobs)
+c = client.chat.completions.create(
+    messages=[{"role": "user", "content": question}], logprobs=True, top_logprobs=2,
+    model=model, max_tokens=16, temperature=0,
+)
+check("logprobs: chat's", r.output_text == answer and got == entries(c.choices[0].logprobs.content), (got, c.choices[0].logprobs))
+check("logprobs: one per token", len(got) == r.usage.output_tokens and "".join(t for t, _, _ in got) == answer, got)
+check("logprobs: greedy picks the first alternative", all(len(top) == 2 and top[0][0] == t for t, _, top in got), got)
+check("logprobs: echo", r.top_logprobs == 2, r.top_logprobs)
+events = list(client.responses.create(stream=True, **asked))
+streamed = [e for ev in events if ev.type == "response.output_text.delta" for e in entries(ev.logprobs)]
+check("logprobs: streamed", streamed == got and entries(events[-1].response.output[0].content[0].logprobs) == got, streamed)
+r = client.responses.create(input=question, **greedy)
+check("logprobs: none unless asked", r.output[0].content[0].logprobs == [], r.output[0].content[0])
 
 # instructions: a system message first; the same as message items with the
 # developer role and input_text parts.
@@ -126,13 +152,15 @@ except openai.NotFoundError:
 
 # What is not implemented is refused, naming the field.
 for name, kwargs, param in [
-    ("tools", {"tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]}, "tools"),
+    ("hosted tool", {"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ("text verbosity", {"text": {"format": {"type": "text"}, "verbosity": "low"}}, "text"),
     ("text format type", {"text": {"format": {"type": "xml"}}}, "text.format.type"),
     ("reasoning", {"reasoning": {"effort": "high"}}, "reasoning"),
+    ("include other", {"include": ["reasoning.encrypted_content"]}, "include[0]"),
+    ("top_logprobs 21", {"top_logprobs": 21}, "top_logprobs"),
     ("unknown previous", {"previous_response_id": "resp_nope"}, "previous_response_id"),
     ("max_output_tokens 0", {"max_output_tokens": 0}, "max_output_tokens"),
-    ("function call item", {"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input[0].type"),
+    ("reasoning item", {"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
 ]:
     args = {"input": question, **greedy} | kwargs
     try:

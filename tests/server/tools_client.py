@@ -6,7 +6,8 @@ Usage: tools_client.py BASE_URL API_KEY MODEL EXPECTED_JSON
 The judge is independent of the server: every call's arguments are parsed
 with `json` and validated against the function's own parameter schema with
 the `jsonschema` package, names against the tools offered, and the streamed
-calls are reassembled from their `delta.tool_calls` as a client would; a
+calls are reassembled from their `delta.tool_calls` as a client would
+(arguments in several pieces, adding up to the same call not streamed); a
 Pydantic model's tool (`openai.pydantic_function_tool`, nested models under
 `$defs`) is called with arguments that parse back into the model.
 Prints one line per check and exits non-zero if any failed.
@@ -20,42 +21,15 @@ import jsonschema
 import openai
 import pydantic
 
+import judge
 from judge import Checks
 
 base_url, api_key, model = sys.argv[1], sys.argv[2], sys.argv[3]
 client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=300)
 check = Checks()
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 40},
-                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city", "unit"],
-        },
-    },
-}
-ADD = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Adds two integers",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "a": {"type": "integer", "minimum": -1000, "maximum": 1000},
-                "b": {"type": "integer", "minimum": -1000, "maximum": 1000},
-            },
-            "required": ["a", "b"],
-        },
-    },
-}
+WEATHER = {"type": "function", "function": judge.WEATHER}
+ADD = {"type": "function", "function": judge.ADD}
 TOOLS = [WEATHER, ADD]
 
 
@@ -115,26 +89,31 @@ def non_streamed(name, messages, choice, allowed, parallel=False, tools=TOOLS):
 
 
 def streamed(name, messages, choice, allowed, tools=TOOLS):
-    stream = client.chat.completions.create(
+    kwargs = dict(
         model=model, messages=messages, tools=tools, tool_choice=choice,
-        parallel_tool_calls=False, temperature=0, max_tokens=96, stream=True,
+        parallel_tool_calls=False, temperature=0, max_tokens=96,
     )
     calls, finish, content = {}, None, ""
-    for chunk in stream:
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
         for c in chunk.choices:
             content += c.delta.content or ""
             for d in c.delta.tool_calls or []:
-                slot = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+                slot = calls.setdefault(d.index, {"id": None, "name": "", "arguments": "", "pieces": 0})
+                check(f"{name}: the id and name come first, once", bool(d.id) == (slot["id"] is None) and bool(d.function.name) == (slot["id"] is None), (d, slot))
                 slot["id"] = d.id or slot["id"]
-                if d.function:
-                    slot["name"] += d.function.name or ""
-                    slot["arguments"] += d.function.arguments or ""
+                slot["name"] += d.function.name or ""
+                slot["arguments"] += d.function.arguments or ""
+                slot["pieces"] += bool(d.function.arguments)
             finish = c.finish_reason or finish
     check(f"{name}: finish_reason tool_calls", finish == "tool_calls", finish)
     check(f"{name}: one call and no content", len(calls) == 1 and content == "", (calls, content))
     for slot in calls.values():
         check(f"{name}: the call has an id", bool(slot["id"]), slot)
+        # The arguments stream as the model writes them, not whole at the end.
+        check(f"{name}: the arguments come in pieces", slot["pieces"] > 1, slot)
         valid_call(name, slot["name"], slot["arguments"], allowed)
+    whole = client.chat.completions.create(**kwargs).choices[0].message.tool_calls or []
+    check(f"{name}: the call not streamed", [(c.function.name, c.function.arguments) for c in whole] == [(s["name"], s["arguments"]) for s in calls.values()], (whole, calls))
     return calls
 
 
@@ -194,6 +173,32 @@ def auto(name, messages):
         check(f"{name}: text that is not a call", not text.lstrip().startswith("{"), text)
 
 
+def cut_short(name):
+    """A call cut short by max_tokens is still a call: its arguments are
+    what was written (a proper prefix of the whole call's), finish_reason
+    `length`, streamed or not."""
+    kwargs = dict(model=model, messages=ASK_WEATHER, tools=TOOLS,
+                  tool_choice=named("get_weather"), temperature=0)
+    whole = client.chat.completions.create(max_tokens=96, **kwargs)
+    arguments = whole.choices[0].message.tool_calls[0].function.arguments
+    # Five tokens before the end: inside the call's closing or arguments.
+    cut = max(1, whole.usage.completion_tokens - 5)
+    c = client.chat.completions.create(max_tokens=cut, **kwargs).choices[0]
+    calls = c.message.tool_calls or []
+    check(f"{name}: finish_reason length", c.finish_reason == "length", c.finish_reason)
+    check(f"{name}: a call, its arguments begun", len(calls) == 1 and calls[0].function.name == "get_weather"
+          and arguments.startswith(calls[0].function.arguments) and calls[0].function.arguments != arguments,
+          (calls, arguments))
+    streamed_args, finish = "", None
+    for chunk in client.chat.completions.create(max_tokens=cut, stream=True, **kwargs):
+        for ch in chunk.choices:
+            for d in ch.delta.tool_calls or []:
+                streamed_args += d.function.arguments or ""
+            finish = ch.finish_reason or finish
+    check(f"{name}: streamed alike", finish == "length" and calls and streamed_args == calls[0].function.arguments,
+          (finish, streamed_args))
+
+
 def refused(name, status, **kwargs):
     try:
         client.chat.completions.create(model=model, max_tokens=8, **kwargs)
@@ -214,11 +219,12 @@ jobs = [
     lambda: pydantic_model("streamed pydantic model", stream=True),
     lambda: round_trip("round trip", stream=False),
     lambda: round_trip("streamed round trip", stream=True),
+    lambda: cut_short("cut short"),
     lambda: auto("auto weather", ASK_WEATHER),
     lambda: auto("auto greeting", [{"role": "user", "content": "Say hello."}]),
     lambda: refused("an unknown named function is a 400", 400, messages=ASK_SUM, tools=TOOLS, tool_choice=named("mul")),
-    lambda: refused("tools beside response_format is a 400", 400, messages=ASK_SUM, tools=TOOLS,
-                    response_format={"type": "json_object"}),
+    lambda: refused("tools beside a regex is a 400", 400, messages=ASK_SUM, tools=TOOLS,
+                    extra_body={"structured_outputs": {"regex": "[a-z]+"}}),
 ]
 with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
     for f in [pool.submit(j) for j in jobs]:

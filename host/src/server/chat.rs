@@ -12,13 +12,13 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::fields::{self, Endpoint};
-use super::generate::{self, token_text, Choice};
+use super::generate::{self, Choice};
 use super::limits;
 use super::params;
 use super::protocol::{ChatCompletionRequest, SamplingRequest, Usage};
 use super::sse::{self, ChunkFormat};
 use super::structured;
-use super::tools::{Answer, StreamedAnswer, ToolCall, ToolRequest};
+use super::tools::{call_id, Answer, Api, CallEvent, Piece, StreamedAnswer, ToolCall, ToolRequest};
 use super::AppState;
 use crate::engine::{Delta, Finish};
 use crate::sampling::MAX_LOGPROBS;
@@ -34,25 +34,11 @@ pub async fn create(
     fields::check_fields(&body, Endpoint::Chat)?;
     let req: ChatCompletionRequest = params::typed(&body)?;
     app.check_model(req.model.as_deref())?;
-    let tools = ToolRequest::from_body(&body)?;
+    let tools = ToolRequest::from_body(&body, Api::Chat)?;
     let constraint = structured::from_fields(
         req.response_format.as_ref(),
         req.structured_outputs.as_ref(),
     )?;
-    let constraint = match (constraint, tools.as_ref().and_then(ToolRequest::structured_outputs)) {
-        (Some(c), Some(_)) => {
-            return Err(ApiError::field(
-                c.field,
-                "cannot be combined with `tools` unless `tool_choice` is `none`: the tool-call format constrains the answer",
-            ))
-        }
-        (Some(c), None) => Some(c),
-        (None, Some(value)) => Some(structured::Constraint {
-            field: "tools",
-            value,
-        }),
-        (None, None) => None,
-    };
     let logprobs = match (req.logprobs, req.top_logprobs) {
         (_, Some(k)) if k > MAX_LOGPROBS => {
             return Err(ApiError::field(
@@ -69,7 +55,9 @@ pub async fn create(
     let mut messages = params::chat_messages(&req.messages)?;
     if let Some(t) = &tools {
         t.describe_to(&mut messages);
+        limits::described_tools(&messages, &app.config)?;
     }
+    let constraint = structured::or_tool_calls(constraint, tools.as_ref())?;
     let text = app
         .tokenizer
         .apply_chat_template(&messages, req.add_generation_prompt)
@@ -138,8 +126,48 @@ pub async fn create(
     Ok(Json(object).into_response())
 }
 
-/// The finish reason of an answer that is tool calls.
-const CALLS_FINISH: &str = "tool_calls";
+/// How an answer that calls functions finished: `tool_calls` when the
+/// model ended it, as OpenAI says; a call cut short (by `max_tokens`, or a
+/// stop string inside it) keeps its reason, so the client knows its
+/// arguments are unfinished.
+fn called_finish(finish: &Finish) -> Finish {
+    let by_stop_string = finish.stop_reason.as_ref().is_some_and(Value::is_string);
+    match finish.finish_reason.as_str() {
+        "stop" if !by_stop_string => Finish {
+            finish_reason: "tool_calls".to_string(),
+            ..finish.clone()
+        },
+        _ => finish.clone(),
+    }
+}
+
+/// Call events as the stream's `tool_calls` entries: a call's first
+/// entry has its id, type and name; later ones add to its
+/// `arguments`. `None` when there are none.
+fn call_deltas(request_id: &str, events: Vec<CallEvent>) -> Option<Vec<Value>> {
+    let mut entries: Vec<Value> = Vec::new();
+    for event in events {
+        match event {
+            CallEvent::Begin { index, name } => entries.push(json!({
+                "index": index, "id": call_id(request_id, index), "type": "function",
+                "function": {"name": name, "arguments": ""},
+            })),
+            CallEvent::Arguments { index, text } => match entries.last_mut() {
+                Some(e) if e["index"] == index => {
+                    let mut arguments = e["function"]["arguments"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_string();
+                    arguments.push_str(&text);
+                    e["function"]["arguments"] = arguments.into();
+                }
+                _ => entries.push(json!({"index": index, "function": {"arguments": text}})),
+            },
+            CallEvent::End { .. } => {}
+        }
+    }
+    (!entries.is_empty()).then_some(entries)
+}
 
 /// Words the answer's objects.
 struct Format {
@@ -161,11 +189,10 @@ impl Format {
     }
 
     fn choice(&self, c: &Choice) -> Value {
-        let finish = c.finish.as_ref();
-        let mut finish_reason = finish.map(|f| f.finish_reason.clone());
+        let mut finish = c.finish.clone();
         let message = match self.tools.as_ref().map(|t| t.parse(&c.text, &self.id)) {
             Some(Answer::Calls(calls)) => {
-                finish_reason = Some(CALLS_FINISH.to_string());
+                finish = finish.as_ref().map(called_finish);
                 let calls: Vec<Value> = calls.iter().map(ToolCall::to_json).collect();
                 json!({"role": "assistant", "content": null, "tool_calls": calls})
             }
@@ -175,8 +202,8 @@ impl Format {
             "index": c.index,
             "message": message,
             "logprobs": self.logprobs(&c.token_ids, &c.logprobs),
-            "finish_reason": finish_reason,
-            "stop_reason": finish.and_then(|f| f.stop_reason.clone()),
+            "finish_reason": finish.as_ref().map(|f| f.finish_reason.clone()),
+            "stop_reason": finish.and_then(|f| f.stop_reason),
         })
     }
 
@@ -192,26 +219,13 @@ impl Format {
         self.object("chat.completion.chunk", vec![choice], None)
     }
 
-    /// The chat API's logprobs: one entry per token with its bytes and its
-    /// top alternatives; `null` when none were asked for.
+    /// The chat API's logprobs (`{"content": [...]}`, entries as
+    /// [`generate::token_logprobs`]); `null` when none were asked for.
     fn logprobs(&self, ids: &[u32], logprobs: &[Logprobs]) -> Value {
         if logprobs.is_empty() {
             return Value::Null;
         }
-        let entry = |id: u32, logprob: f32| {
-            let token = token_text(&self.app.tokenizer, id);
-            json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()})
-        };
-        let content: Vec<Value> = ids
-            .iter()
-            .zip(logprobs)
-            .map(|(&id, lp)| {
-                let mut e = entry(id, lp.logprob);
-                e["top_logprobs"] = lp.top.iter().map(|&(t, l)| entry(t, l)).collect();
-                e
-            })
-            .collect();
-        json!({ "content": content })
+        json!({ "content": generate::token_logprobs(&self.app.tokenizer, ids, logprobs) })
     }
 }
 
@@ -231,38 +245,36 @@ impl ChunkFormat for Format {
             self.streams.resize_with(index + 1, StreamedAnswer::default);
         }
         let state = &mut self.streams[index];
-        // Held-back deltas (a call in the making) carry no logprobs.
-        if let Some(text) = state.push(tools, &delta.text) {
-            let logprobs = self.logprobs(&delta.token_ids, &delta.logprobs);
-            return Some(self.chunk(index, json!({"content": text}), logprobs, finish));
-        }
-        let finish = finish?;
-        match state.finish(tools, &self.id) {
-            Answer::Calls(calls) => {
-                let calls: Vec<Value> = calls
-                    .iter()
-                    .enumerate()
-                    .map(|(k, c)| {
-                        let mut v = c.to_json();
-                        v["index"] = k.into();
-                        v
-                    })
-                    .collect();
-                let called = Finish {
-                    finish_reason: CALLS_FINISH.to_string(),
-                    ..finish.clone()
+        let events = match state.push(tools, &delta.text) {
+            // Text held back while it might have been a call carries no
+            // logprobs when it is let go.
+            Piece::Text(text) => {
+                let logprobs = if text == delta.text {
+                    self.logprobs(&delta.token_ids, &delta.logprobs)
+                } else {
+                    Value::Null
                 };
-                Some(self.chunk(
-                    index,
-                    json!({"tool_calls": calls}),
-                    Value::Null,
-                    Some(&called),
-                ))
+                return Some(self.chunk(index, json!({"content": text}), logprobs, finish));
             }
-            Answer::Text(text) => {
-                Some(self.chunk(index, json!({"content": text}), Value::Null, Some(finish)))
-            }
-        }
+            Piece::Calls(events) => events,
+        };
+        let calls = call_deltas(&self.id, events);
+        let Some(finish) = finish else {
+            let calls = calls?;
+            return Some(self.chunk(index, json!({"tool_calls": calls}), Value::Null, None));
+        };
+        let called = state.called();
+        let delta = match (state.finish(tools, &self.id), calls) {
+            (Answer::Text(text), _) if !called => json!({"content": text}),
+            (_, Some(calls)) => json!({"tool_calls": calls}),
+            (_, None) => json!({}),
+        };
+        let finish = if called {
+            called_finish(finish)
+        } else {
+            finish.clone()
+        };
+        Some(self.chunk(index, delta, Value::Null, Some(&finish)))
     }
 
     fn usage(&self, usage: Usage) -> Value {

@@ -67,9 +67,9 @@ const GUIDED_CHOICE: &str =
 const GUIDED_GRAMMAR: &str = "was removed in vLLM 0.12 and is not supported; send `structured_outputs: {\"grammar\": <Lark grammar>}`";
 const GUIDED_BACKEND: &str = "was removed in vLLM 0.12 and is not supported; drop it: `structured_outputs` is served by the structured-output plugin";
 const GUIDED_WHITESPACE: &str = "was removed in vLLM 0.12 and is not supported; send `structured_outputs: {..., \"whitespace_pattern\": <pattern>}`";
-/// Why the tool-calling fields are refused on completions.
-pub(super) const TOOLS_ON_CHAT: &str =
-    "tool calls are served on /v1/chat/completions only (docs/structured-outputs.md)";
+/// Why the tool-calling fields are refused on completions and /tokenize.
+pub(super) const TOOLS_ELSEWHERE: &str =
+    "tool calls are served on /v1/chat/completions and /v1/responses only (docs/structured-outputs.md)";
 /// Why the deprecated function-calling fields are refused.
 pub(super) const FUNCTIONS: &str =
     "the deprecated function-calling fields are not supported; send `tools` and `tool_choice`";
@@ -130,8 +130,8 @@ const UNSUPPORTED_IN_CHAT: &[Unsupported] = &[(
 /// Fields vLLM defines on the completions endpoint that only the chat
 /// endpoint implements here: refused unless neutral.
 const UNSUPPORTED_IN_COMPLETIONS: &[Unsupported] = &[
-    ("tools", unset, TOOLS_ON_CHAT),
-    ("tool_choice", no_forced_call, TOOLS_ON_CHAT),
+    ("tools", unset, TOOLS_ELSEWHERE),
+    ("tool_choice", no_forced_call, TOOLS_ELSEWHERE),
 ];
 
 /// Fields OpenAI or vLLM define that cannot change the answer here, so any

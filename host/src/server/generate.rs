@@ -266,6 +266,24 @@ pub fn token_text(tokenizer: &Tokenizer, id: u32) -> String {
         .unwrap_or_else(|_| format!("<token {id}>"))
 }
 
+/// Generated tokens' logprobs as the chat and Responses APIs give them:
+/// per token its text, `logprob` and UTF-8 `bytes`, and its `top_logprobs`
+/// alternatives likewise.
+pub fn token_logprobs(tokenizer: &Tokenizer, ids: &[u32], logprobs: &[Logprobs]) -> Vec<Value> {
+    let entry = |id: u32, logprob: f32| {
+        let token = token_text(tokenizer, id);
+        json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()})
+    };
+    ids.iter()
+        .zip(logprobs)
+        .map(|(&id, lp)| {
+            let mut e = entry(id, lp.logprob);
+            e["top_logprobs"] = lp.top.iter().map(|&(t, l)| entry(t, l)).collect();
+            e
+        })
+        .collect()
+}
+
 /// vLLM's `prompt_logprobs` of a choice: `null` for the first prompt token
 /// (nothing precedes it), then for each later one an object keyed by token
 /// id holding the prompt token and the `k` most likely tokens at its

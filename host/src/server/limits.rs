@@ -13,6 +13,7 @@ use serde_json::Value;
 use super::error::ApiError;
 use crate::config::ServerConfig;
 use crate::sampling::{MAX_BAD_WORD_SEQUENCES, MAX_BAD_WORD_TOKENS, MAX_TOKEN_ID_LIST};
+use crate::tokenizer::ChatMessage;
 
 /// Most `bad_words` in one request: each may become two banned sequences
 /// (with and without a leading space), which makes the sampler's limit.
@@ -212,6 +213,15 @@ pub fn prompt_bytes(field: &str, bytes: u64, config: &ServerConfig) -> Result<()
         config.max_prompt_bytes,
         "max_prompt_bytes",
     )
+}
+
+/// The chat prompt's text once the tools are described in it (a system
+/// message the client's bytes do not count), held to
+/// `server.max_prompt_bytes` as the messages alone were, before it is
+/// rendered and tokenized.
+pub fn described_tools(messages: &[ChatMessage], config: &ServerConfig) -> Result<(), ApiError> {
+    let bytes = messages.iter().map(|m| len(m.content.len())).sum();
+    prompt_bytes("tools", bytes, config)
 }
 
 /// A prompt given as token ids is refused at the context's length before it

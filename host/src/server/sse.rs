@@ -27,7 +27,8 @@ pub trait ChunkFormat: Send + 'static {
     /// API's `role`), if any.
     fn opening(&self, index: usize) -> Option<Value>;
     /// The chunk carrying one delta of choice `index`; `None` holds it
-    /// back (a tool call is sent whole, once it is complete).
+    /// back (while it is not known whether a tool answer is text or a
+    /// call).
     fn delta(&mut self, index: usize, delta: &Delta) -> Option<Value>;
     /// The last chunk, with the token counts and no choices.
     fn usage(&self, usage: Usage) -> Value;

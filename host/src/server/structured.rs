@@ -17,6 +17,7 @@ use super::error::ApiError;
 use super::fields::IGNORED_NAME_CHARS;
 use super::limits;
 use super::protocol::SamplingRequest;
+use super::tools::ToolRequest;
 use super::{AppState, RequestCheck};
 use crate::sampling::{SamplingParams, STRUCTURED_OUTPUTS_KEY as KEY};
 
@@ -81,6 +82,53 @@ pub fn from_fields(
         }),
         (None, None) => None,
     })
+}
+
+/// The answer's constraint when the request may also offer tools: the
+/// client's own (`constraint`), or the tool-call format when a call may be
+/// made. Under `auto` a text answer still follows the client's format when
+/// that is JSON (a schema or `json_object`, as the Agents SDK's
+/// `output_type` asks), joined with the calls in one grammar; any other
+/// format beside a possible call is a 400 naming it. A required call has
+/// no text answer for a format to shape.
+pub fn or_tool_calls(
+    constraint: Option<Constraint>,
+    tools: Option<&ToolRequest>,
+) -> Result<Option<Constraint>, ApiError> {
+    let Some(tools) = tools.filter(|t| t.may_call()) else {
+        return Ok(constraint);
+    };
+    let answer = match &constraint {
+        Some(c) if !tools.must_call() => Some(json_answer(c)?),
+        _ => None,
+    };
+    Ok(tools
+        .structured_outputs(answer.as_ref())?
+        .map(|value| Constraint {
+            field: "tools",
+            value,
+        }))
+}
+
+/// The JSON schema a constraint asks a text answer to follow, when that is
+/// all it asks; bounded as the plugins parse it, since inside a grammar it
+/// escapes the check on `extra_args`.
+fn json_answer(c: &Constraint) -> Result<Value, ApiError> {
+    let only = |key: &str| c.value.as_object().filter(|o| o.len() == 1)?.get(key);
+    let schema = match (only("json"), only("json_object")) {
+        (Some(schema), _) => schema.clone(),
+        (_, Some(Value::Bool(true))) => json!({"type": "object"}),
+        _ => {
+            return Err(ApiError::field(
+                c.field,
+                "cannot be combined with `tools` unless `tool_choice` is `none` or a call is \
+                 required: beside a possible call only a JSON format (a JSON schema or \
+                 json_object, without options) can shape the answer",
+            ))
+        }
+    };
+    limits::check_nesting(c.field, &json!({ KEY: {"json": &schema} }))?;
+    Ok(schema)
 }
 
 /// The constraint of a `/v1/responses` request's `text.format`, whose

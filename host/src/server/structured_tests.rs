@@ -352,3 +352,66 @@ fn extra_args_the_plugins_cannot_parse_are_refused_naming_the_constraint() {
         e.message
     );
 }
+
+#[test]
+fn a_json_format_shapes_the_text_answer_beside_tools() {
+    let weather = json!({"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}});
+    let tools = |choice: &str| {
+        let body = json!({"tools": [weather.clone()], "tool_choice": choice});
+        ToolRequest::from_body(&body, crate::server::tools::Api::Chat)
+            .unwrap()
+            .unwrap()
+    };
+    let answer = json!({"type": "object", "properties": {"temp": {"type": "integer"}}});
+    let schema = fields(
+        json!({"type": "json_schema", "json_schema": {"name": "a", "schema": answer}}),
+        json!(null),
+    )
+    .unwrap();
+    let object = fields(json!({"type": "json_object"}), json!(null)).unwrap();
+    let regex = fields(json!(null), json!({"regex": "[a-z]+"})).unwrap();
+
+    // Under auto: a call, or text in the format: one grammar holding both.
+    let auto = tools("auto");
+    for (format, text) in [(&schema, &answer), (&object, &json!({"type": "object"}))] {
+        let c = or_tool_calls(format.clone(), Some(&auto)).unwrap().unwrap();
+        assert_eq!(c.field, "tools");
+        let grammar = c.value["grammar"].as_str().unwrap();
+        assert!(
+            grammar.starts_with(&format!("start: text | calls\ntext: %json {text}\n")),
+            "{grammar}"
+        );
+        let mut calls = auto.calls_schema();
+        calls["x-guidance"] = json!({"whitespace_flexible": false});
+        assert!(
+            grammar.ends_with(&format!("\ncalls: %json {calls}\n")),
+            "{grammar}"
+        );
+    }
+    // A format other than JSON cannot join the calls.
+    let e = or_tool_calls(regex.clone(), Some(&auto)).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("structured_outputs"));
+    // A required call has no text answer: the calls alone.
+    let required = tools("required");
+    for format in [&schema, &regex] {
+        let c = or_tool_calls(format.clone(), Some(&required))
+            .unwrap()
+            .unwrap();
+        assert_eq!(Some(c.value), required.structured_outputs(None).unwrap());
+    }
+    // Under none the format alone; without tools too.
+    let none = tools("none");
+    assert_eq!(or_tool_calls(regex.clone(), Some(&none)).unwrap(), regex);
+    assert_eq!(or_tool_calls(schema.clone(), None).unwrap(), schema);
+    // A format schema too deep for the plugins is refused naming it, though
+    // inside a grammar it escapes the check on extra_args.
+    let deep = limits::nested_schema(limits::MAX_EXTRA_ARGS_NESTING);
+    let deep = fields(
+        json!({"type": "json_schema", "json_schema": {"name": "a", "schema": deep}}),
+        json!(null),
+    )
+    .unwrap();
+    let e = or_tool_calls(deep, Some(&auto)).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("response_format"));
+}

@@ -97,7 +97,7 @@ fn yes() -> bool {
 
 /// vLLM's chat tokenize fields this server does not implement.
 const UNSUPPORTED_CHAT: &[Unsupported] = &[
-    ("tools", unset, fields::TOOLS_ON_CHAT),
+    ("tools", unset, fields::TOOLS_ELSEWHERE),
     (
         "chat_template",
         unset,

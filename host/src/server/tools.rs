@@ -1,4 +1,4 @@
-//! Tool calling on chat, for any chat template: the tools are described to
+//! Tool calling, for any chat template: the tools are described to
 //! the model in a system message in one generic format, the answer is
 //! constrained by the structured-output plugin to that format (the call's
 //! arguments by each function's JSON schema), and parsed back into OpenAI's
@@ -9,10 +9,20 @@
 //! The format (documented in docs/structured-outputs.md): a call is the whole answer, one
 //! JSON object `{"tool_calls": [{"name": ..., "arguments": {...}}]}`. Under
 //! `tool_choice: "auto"` the answer is free text that does not start with
-//! `{`, or a call; under `"required"` or a named function it is always a
-//! call; under `"none"` the tools are not described at all.
+//! `{` (or JSON following the client's JSON format, when it asks for one),
+//! or a call; under `"required"` or a named function it is always a call;
+//! under `"none"` the tools are not described at all.
+//!
+//! Chat (`/v1/chat/completions`) and the Responses API (`/v1/responses`)
+//! offer the same functions in two shapes ([`Api`]); both read into one
+//! [`ToolRequest`].
 
 mod schema;
+mod stream;
+
+pub use stream::{call_id, CallEvent, Piece, StreamedAnswer};
+
+use std::collections::{BTreeSet, HashSet};
 
 use serde_json::{json, Map, Value};
 
@@ -31,6 +41,54 @@ pub(super) const TOOL_FIELDS: &[&str] = &["type", "function"];
 /// but `strict`, which every call already is (its arguments are
 /// constrained to the schema, closed as under strict mode).
 pub(super) const FUNCTION_FIELDS: &[&str] = &["name", "description", "parameters", "strict"];
+
+/// Which API's shapes a request uses. Chat nests a function's fields under
+/// `function` (`{"type": "function", "function": {"name": ...}}`) and
+/// `allowed_tools` under its own key; the Responses API writes both flat
+/// (`{"type": "function", "name": ...}`), in `tools` and `tool_choice`
+/// alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Api {
+    /// `/v1/chat/completions`.
+    Chat,
+    /// `/v1/responses`.
+    Responses,
+}
+
+impl Api {
+    /// The object that holds a function's fields in a tool or choice entry.
+    fn function(self, entry: &Value) -> Option<&Value> {
+        match self {
+            Api::Chat => entry.get("function"),
+            Api::Responses => Some(entry),
+        }
+    }
+
+    /// Where that object sits in the entry, for error paths.
+    fn function_path(self) -> &'static str {
+        match self {
+            Api::Chat => ".function",
+            Api::Responses => "",
+        }
+    }
+
+    /// A function entry as this API writes it, for error messages.
+    fn named_shape(self) -> &'static str {
+        match self {
+            Api::Chat => r#"{"type": "function", "function": {"name": ...}}"#,
+            Api::Responses => r#"{"type": "function", "name": ...}"#,
+        }
+    }
+
+    /// The object holding `allowed_tools`'s `mode` and `tools`, and its
+    /// path.
+    fn allowed(self, choice: &Value) -> (Option<&Value>, &'static str) {
+        match self {
+            Api::Chat => (choice.get("allowed_tools"), "tool_choice.allowed_tools"),
+            Api::Responses => (Some(choice), "tool_choice"),
+        }
+    }
+}
 
 /// One function the client offers.
 #[derive(Clone, Debug, PartialEq)]
@@ -58,8 +116,9 @@ pub enum ToolChoice {
     /// others stay in the request, unseen), under `auto` (`required:
     /// false`) or `required`.
     Allowed {
-        /// The functions that may be called, each offered in `tools`.
-        names: Vec<String>,
+        /// The functions that may be called, each offered in `tools` (a set:
+        /// every tool is looked up in it).
+        names: BTreeSet<String>,
         /// `mode: "required"`.
         required: bool,
     },
@@ -99,26 +158,26 @@ impl ToolCall {
 }
 
 impl ToolRequest {
-    /// The request's `tools`, `tool_choice` and `parallel_tool_calls`;
-    /// `None` when it offers no tools. Every shape error is a 400 naming
-    /// the field.
-    pub fn from_body(body: &Value) -> Result<Option<ToolRequest>, ApiError> {
+    /// The request's `tools`, `tool_choice` and `parallel_tool_calls`, in
+    /// `api`'s shapes; `None` when it offers no tools. Every shape error is
+    /// a 400 naming the field.
+    pub fn from_body(body: &Value, api: Api) -> Result<Option<ToolRequest>, ApiError> {
         let tools = match body.get("tools") {
             None | Some(Value::Null) => Vec::new(),
             Some(Value::Array(list)) => list
                 .iter()
                 .enumerate()
-                .map(|(i, t)| tool(i, t))
+                .map(|(i, t)| tool(i, t, api))
                 .collect::<Result<_, _>>()?,
             Some(_) => return Err(ApiError::field("tools", "must be a list of tools")),
         };
         if let Some(i) = duplicate(&tools) {
             return Err(ApiError::field(
-                &format!("tools[{i}].function.name"),
+                &format!("tools[{i}]{}.name", api.function_path()),
                 format!("`{}` is offered twice; names must be unique", tools[i].name),
             ));
         }
-        let choice = choice(body.get("tool_choice").unwrap_or(&Value::Null), &tools)?;
+        let choice = choice(body.get("tool_choice").unwrap_or(&Value::Null), &tools, api)?;
         let parallel = match body.get("parallel_tool_calls") {
             None | Some(Value::Null) => true,
             Some(Value::Bool(b)) => *b,
@@ -143,14 +202,6 @@ impl ToolRequest {
             choice,
             parallel,
         };
-        if request.may_call() {
-            // The calls' schema reaches the plugin in extra_args (a call
-            // required) or inside a grammar (`auto`); held to the plugins'
-            // nesting bound as the former, so a tools list is taken or
-            // refused alike under every choice.
-            let as_sent = json!({ STRUCTURED_OUTPUTS_KEY: {"json": request.calls_schema()} });
-            limits::check_nesting("tools", &as_sent)?;
-        }
         Ok(Some(request))
     }
 
@@ -263,95 +314,54 @@ impl ToolRequest {
 
     /// The constraint for the structured-output plugin (`extra_args`
     /// `structured_outputs`): the calls' schema when a call is required,
-    /// a Lark grammar of "free text not starting with `{`, or a call" under
-    /// `auto`, none under `none`. Calls are compact JSON (no free
-    /// whitespace), the form models learn function calls in, and fewer
-    /// tokens.
-    pub fn structured_outputs(&self) -> Option<Value> {
+    /// under `auto` a Lark grammar of "a call, or else free text not
+    /// starting with `{`" (or, when the client asks text answers to follow
+    /// the JSON schema `answer`, JSON that does), none under `none`. Calls
+    /// are compact JSON (no free whitespace), the form models learn
+    /// function calls in, and fewer tokens.
+    ///
+    /// The calls' schema reaches the plugin in extra_args (a call required)
+    /// or inside a grammar (`auto`); it is held to the plugins' nesting
+    /// bound as the former (a 400 naming `tools`), so a tools list is taken
+    /// or refused alike under every choice.
+    pub fn structured_outputs(&self, answer: Option<&Value>) -> Result<Option<Value>, ApiError> {
+        if !self.may_call() {
+            return Ok(None);
+        }
         let mut calls = self.calls_schema();
         // llguidance's own option, read inside `%json` too.
         calls["x-guidance"] = json!({"whitespace_flexible": false});
-        match (self.may_call(), self.must_call()) {
-            (false, _) => None,
-            (true, true) => Some(json!({ "json": calls })),
-            (true, false) => Some(json!({
-                "grammar": format!("start: TEXT | calls\nTEXT: /[^{{](.|\\n)*/\ncalls: %json {calls}\n")
-            })),
+        let calls = json!({ "json": calls });
+        limits::check_nesting("tools", &json!({ STRUCTURED_OUTPUTS_KEY: &calls }))?;
+        if self.must_call() {
+            return Ok(Some(calls));
         }
+        let text = match answer {
+            Some(schema) => format!("%json {schema}"),
+            None => "TEXT\nTEXT: /[^{](.|\\n)*/".to_string(),
+        };
+        let calls = &calls["json"];
+        Ok(Some(json!({
+            "grammar": format!("start: text | calls\ntext: {text}\ncalls: %json {calls}\n")
+        })))
     }
 
-    /// The model's answer split into text or calls: an answer that is the
-    /// call format (ignoring surrounding whitespace) becomes calls, with
-    /// ids `call_<request id>_<n>`; anything else is text (under `auto`
-    /// the grammar keeps the two apart).
+    /// The model's answer split into text or calls: an answer in the call
+    /// format (after any whitespace) is calls, with ids
+    /// `call_<request id>_<n>` and the arguments as the model wrote them
+    /// (so they equal what a stream of it sent); a call cut short keeps the
+    /// arguments written so far. Anything else is text (under `auto` the
+    /// grammar keeps the two apart).
     pub fn parse(&self, text: &str, request_id: &str) -> Answer {
-        if !self.may_call() {
-            return Answer::Text(text.to_string());
-        }
-        let Ok(Value::Object(mut obj)) = serde_json::from_str::<Value>(text.trim()) else {
-            return Answer::Text(text.to_string());
+        let calls = if self.may_call() {
+            stream::read_calls(text, request_id)
+        } else {
+            Vec::new()
         };
-        let Some(Value::Array(calls)) = obj.remove("tool_calls") else {
-            return Answer::Text(text.to_string());
-        };
-        let mut out = Vec::with_capacity(calls.len());
-        for (n, c) in calls.into_iter().enumerate() {
-            let (Some(name), Some(args)) = (
-                c.get("name").and_then(Value::as_str),
-                c.get("arguments").filter(|a| a.is_object()),
-            ) else {
-                return Answer::Text(text.to_string());
-            };
-            out.push(ToolCall {
-                id: format!("call_{request_id}_{n}"),
-                name: name.to_string(),
-                arguments: args.to_string(),
-            });
-        }
-        if out.is_empty() || !obj.is_empty() {
+        if calls.is_empty() {
             return Answer::Text(text.to_string());
         }
-        Answer::Calls(out)
-    }
-}
-
-/// One choice's stream under tools: text streams as it comes, but an
-/// answer that is (or may be) a call is held back and sent whole at the
-/// end, as one `tool_calls` delta, since only the complete text parses.
-#[derive(Debug, Default)]
-pub struct StreamedAnswer {
-    /// The text held back so far.
-    held: String,
-    /// Whether the answer is text (`Some(false)`), a call (`Some(true)`),
-    /// or not known yet (only whitespace so far).
-    is_call: Option<bool>,
-}
-
-impl StreamedAnswer {
-    /// Takes a delta's text; returns what to stream as content now.
-    pub fn push(&mut self, request: &ToolRequest, text: &str) -> Option<String> {
-        if !request.may_call() || self.is_call == Some(false) {
-            return Some(text.to_string());
-        }
-        self.held.push_str(text);
-        if self.is_call.is_none() {
-            // Under `auto` the grammar keeps text from starting with `{`.
-            match self.held.trim_start().chars().next() {
-                None => return None,
-                Some('{') => self.is_call = Some(true),
-                Some(_) if request.must_call() => self.is_call = Some(true),
-                Some(_) => {
-                    self.is_call = Some(false);
-                    return Some(std::mem::take(&mut self.held));
-                }
-            }
-        }
-        None
-    }
-
-    /// At the end: the held-back answer, parsed.
-    pub fn finish(&mut self, request: &ToolRequest, request_id: &str) -> Answer {
-        request.parse(&std::mem::take(&mut self.held), request_id)
+        Answer::Calls(calls)
     }
 }
 
@@ -380,17 +390,36 @@ pub fn render_calls(field: &str, calls: &Value) -> Result<String, ApiError> {
             .get("name")
             .and_then(Value::as_str)
             .ok_or_else(|| bad("each call's function needs a string `name`"))?;
-        // OpenAI sends the arguments as a JSON text; the model wrote them
-        // as an object.
-        let args = match f.get("arguments") {
-            Some(Value::String(s)) => serde_json::from_str::<Value>(s)
-                .map_err(|e| bad(&format!("`arguments` of `{name}` is not JSON: {e}")))?,
-            Some(v @ Value::Object(_)) => v.clone(),
-            _ => return Err(bad("each call's function needs `arguments` (a JSON text)")),
-        };
-        out.push(json!({"name": name, "arguments": args}));
+        let args = arguments(f.get("arguments"))
+            .map_err(|why| bad(&format!("`arguments` of `{name}` {why}")))?;
+        out.push((name, args));
     }
-    Ok(json!({ "tool_calls": out }).to_string())
+    Ok(calls_text(out))
+}
+
+/// Calls, each a function's name and its arguments object, as the text the
+/// model writes for them.
+pub fn calls_text<'a>(calls: impl IntoIterator<Item = (&'a str, Value)>) -> String {
+    let list: Vec<Value> = calls
+        .into_iter()
+        .map(|(name, args)| json!({"name": name, "arguments": args}))
+        .collect();
+    json!({ "tool_calls": list }).to_string()
+}
+
+/// A call's `arguments` as the object the model wrote: OpenAI sends them as
+/// a JSON text (an object is taken too). The error completes "`arguments`
+/// …".
+pub fn arguments(v: Option<&Value>) -> Result<Value, String> {
+    match v {
+        Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
+            Ok(v @ Value::Object(_)) => Ok(v),
+            Ok(_) => Err("is not a JSON object".into()),
+            Err(e) => Err(format!("is not JSON: {e}")),
+        },
+        Some(v @ Value::Object(_)) => Ok(v.clone()),
+        _ => Err("is missing: it must be the call's arguments as a JSON text".into()),
+    }
 }
 
 /// A `tool` message's content as a user turn (templates without tool
@@ -404,8 +433,9 @@ pub fn render_result(name: Option<&str>, call_id: Option<&str>, content: &str) -
 }
 
 /// `tools[i]`, checked.
-fn tool(i: usize, t: &Value) -> Result<Tool, ApiError> {
+fn tool(i: usize, t: &Value, api: Api) -> Result<Tool, ApiError> {
     let field = |f: &str| format!("tools[{i}]{f}");
+    let fun = |f: &str| format!("tools[{i}]{}{f}", api.function_path());
     match t.get("type").and_then(Value::as_str) {
         Some("function") => {}
         Some(other) => {
@@ -416,14 +446,14 @@ fn tool(i: usize, t: &Value) -> Result<Tool, ApiError> {
         }
         None => return Err(ApiError::field(&field(".type"), "must be `function`")),
     }
-    let f = t
-        .get("function")
+    let f = api
+        .function(t)
         .and_then(Value::as_object)
-        .ok_or_else(|| ApiError::field(&field(".function"), "must be an object"))?;
+        .ok_or_else(|| ApiError::field(&field(api.function_path()), "must be an object"))?;
     let name = f
         .get("name")
         .and_then(Value::as_str)
-        .ok_or_else(|| ApiError::field(&field(".function.name"), "must be a string"))?;
+        .ok_or_else(|| ApiError::field(&fun(".name"), "must be a string"))?;
     let valid = !name.is_empty()
         && name.len() <= MAX_NAME_LEN
         && name
@@ -431,19 +461,14 @@ fn tool(i: usize, t: &Value) -> Result<Tool, ApiError> {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
     if !valid {
         return Err(ApiError::field(
-            &field(".function.name"),
+            &fun(".name"),
             format!("must be 1 to {MAX_NAME_LEN} letters, digits, `_` or `-`"),
         ));
     }
     let description = match f.get("description") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(s.clone()),
-        Some(_) => {
-            return Err(ApiError::field(
-                &field(".function.description"),
-                "must be a string",
-            ))
-        }
+        Some(_) => return Err(ApiError::field(&fun(".description"), "must be a string")),
     };
     // No parameters: a function of no arguments (OpenAI's reading).
     let parameters = match f.get("parameters") {
@@ -451,7 +476,7 @@ fn tool(i: usize, t: &Value) -> Result<Tool, ApiError> {
         Some(p @ Value::Object(_)) => p.clone(),
         Some(_) => {
             return Err(ApiError::field(
-                &field(".function.parameters"),
+                &fun(".parameters"),
                 "must be a JSON schema object",
             ))
         }
@@ -463,13 +488,15 @@ fn tool(i: usize, t: &Value) -> Result<Tool, ApiError> {
     })
 }
 
-/// The position of the first tool whose name an earlier one has.
+/// The position of the first tool whose name an earlier one has (in one
+/// pass: a client may send thousands).
 fn duplicate(tools: &[Tool]) -> Option<usize> {
-    (1..tools.len()).find(|&i| tools[..i].iter().any(|t| t.name == tools[i].name))
+    let mut seen = HashSet::with_capacity(tools.len());
+    tools.iter().position(|t| !seen.insert(t.name.as_str()))
 }
 
 /// `tool_choice`, checked against the tools.
-fn choice(v: &Value, tools: &[Tool]) -> Result<ToolChoice, ApiError> {
+fn choice(v: &Value, tools: &[Tool], api: Api) -> Result<ToolChoice, ApiError> {
     let named = |name: &str| {
         if tools.iter().any(|t| t.name == name) {
             Ok(ToolChoice::Named(name.to_string()))
@@ -492,22 +519,32 @@ fn choice(v: &Value, tools: &[Tool]) -> Result<ToolChoice, ApiError> {
             "required" => Ok(ToolChoice::Required),
             other => Err(ApiError::field(
                 "tool_choice",
-                format!("is `{other}`; use none, auto, required or {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}"),
+                format!(
+                    "is `{other}`; use none, auto, required or {}",
+                    api.named_shape()
+                ),
             )),
         },
         Value::Object(o) => match (
             o.get("type").and_then(Value::as_str),
-            o.get("function")
+            api.function(v)
                 .and_then(|f| f.get("name"))
                 .and_then(Value::as_str),
         ) {
             (Some("function"), Some(name)) => named(name),
-            (Some("allowed_tools"), _) => allowed(o.get("allowed_tools"), tools),
-            _ => Err(ApiError::field(
-                "tool_choice",
-                "a choice object is {\"type\": \"function\", \"function\": {\"name\": ...}} \
-                 or {\"type\": \"allowed_tools\", \"allowed_tools\": {\"mode\": ..., \"tools\": [...]}}",
-            )),
+            (Some("allowed_tools"), _) => allowed(v, tools, api),
+            _ => {
+                let allowed = match api {
+                    Api::Chat => {
+                        r#"{"type": "allowed_tools", "allowed_tools": {"mode": ..., "tools": [...]}}"#
+                    }
+                    Api::Responses => r#"{"type": "allowed_tools", "mode": ..., "tools": [...]}"#,
+                };
+                Err(ApiError::field(
+                    "tool_choice",
+                    format!("a choice object is {} or {allowed}", api.named_shape()),
+                ))
+            }
         },
         _ => Err(ApiError::field(
             "tool_choice",
@@ -516,11 +553,11 @@ fn choice(v: &Value, tools: &[Tool]) -> Result<ToolChoice, ApiError> {
     }
 }
 
-/// `tool_choice.allowed_tools`: `mode` (`auto` or `required`) and `tools`,
-/// a non-empty list of `{"type": "function", "function": {"name": ...}}`
-/// naming offered functions.
-fn allowed(v: Option<&Value>, tools: &[Tool]) -> Result<ToolChoice, ApiError> {
-    let field = |f: &str| format!("tool_choice.allowed_tools{f}");
+/// An `allowed_tools` choice: `mode` (`auto` or `required`) and `tools`, a
+/// non-empty list of function entries naming offered functions.
+fn allowed(choice: &Value, tools: &[Tool], api: Api) -> Result<ToolChoice, ApiError> {
+    let (v, path) = api.allowed(choice);
+    let field = |f: &str| format!("{path}{f}");
     let obj = v
         .and_then(Value::as_object)
         .ok_or_else(|| ApiError::field(&field(""), "must be an object with `mode` and `tools`"))?;
@@ -541,27 +578,28 @@ fn allowed(v: Option<&Value>, tools: &[Tool]) -> Result<ToolChoice, ApiError> {
         .ok_or_else(|| {
             ApiError::field(&field(".tools"), "must be a non-empty list of functions")
         })?;
-    let mut names = Vec::with_capacity(list.len());
+    let offered: HashSet<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+    let mut names = BTreeSet::new();
     for (i, t) in list.iter().enumerate() {
         let name = match (
             t.get("type").and_then(Value::as_str),
-            t.pointer("/function/name"),
+            api.function(t).and_then(|f| f.get("name")),
         ) {
             (Some("function"), Some(Value::String(name))) => name,
             _ => {
                 return Err(ApiError::field(
                     &field(&format!(".tools[{i}]")),
-                    "must be {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                    format!("must be {}", api.named_shape()),
                 ))
             }
         };
-        if !tools.iter().any(|t| &t.name == name) {
+        if !offered.contains(name.as_str()) {
             return Err(ApiError::field(
                 &field(&format!(".tools[{i}]")),
                 format!("names `{name}`, which `tools` does not offer"),
             ));
         }
-        names.push(name.clone());
+        names.insert(name.clone());
     }
     Ok(ToolChoice::Allowed { names, required })
 }

@@ -5,13 +5,18 @@
 //!
 //! - `POST /v1/responses`: create; `stream`, `background`, `store`,
 //!   `previous_response_id` (the stored conversation and answer come
-//!   first), `max_output_tokens` and the sampling fields.
+//!   first), `max_output_tokens`, the sampling fields, logprobs
+//!   (`include` and `top_logprobs`), and function `tools` (chat's tool
+//!   calling, `tools.rs`, in this API's shapes: the answer's
+//!   `function_call` items, answered by `function_call_output` items).
 //! - `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`,
 //!   `DELETE /v1/responses/{id}`: the in-memory store (`store.rs`).
 //!
-//! `request.rs` reads the body, `run.rs` drives the engine request and the
-//! events, `object.rs` words the `response` object.
+//! `request.rs` reads the body and `input.rs` its `input`, `run.rs` drives
+//! the engine request and the events, `object.rs` words the `response`
+//! object.
 
+mod input;
 mod object;
 mod request;
 mod run;
@@ -38,6 +43,7 @@ use super::generate;
 use super::limits;
 use super::params;
 use super::structured;
+use super::tools::{Api, ToolRequest};
 use super::AppState;
 use crate::tokenizer::ChatMessage;
 use object::{Echo, Record, Status};
@@ -56,9 +62,11 @@ pub async fn create(
     let body = super::request_object(body)?;
     let (req, sampling) = request::read(&body, &app.config)?;
     app.check_model(req.model.as_deref())?;
+    let tools = ToolRequest::from_body(&body, Api::Responses)?;
     let text_format = body.pointer("/text/format").filter(|f| !f.is_null());
     let constraint = structured::from_text_format(text_format)?;
-    let mut conversation = match &req.previous_response_id {
+    let format_asked = constraint.is_some();
+    let (mut conversation, earlier_calls) = match &req.previous_response_id {
         Some(id) => app.responses.conversation(id).map_err(|r| {
             let why = match r {
                 Refusal::NotFound => format!(
@@ -72,9 +80,9 @@ pub async fn create(
             };
             ApiError::field("previous_response_id", why)
         })?,
-        None => Vec::new(),
+        None => (Vec::new(), Vec::new()),
     };
-    conversation.extend(request::input_messages(&req.input)?);
+    conversation.extend(input::input_messages(&req.input, &earlier_calls)?);
     if conversation.is_empty() {
         return Err(ApiError::field(
             "input",
@@ -100,6 +108,11 @@ pub async fn create(
         app.config.max_messages,
         "max_messages",
     )?;
+    if let Some(t) = &tools {
+        t.describe_to(&mut messages);
+        limits::described_tools(&messages, &app.config)?;
+    }
+    let constraint = structured::or_tool_calls(constraint, tools.as_ref())?;
     let text = app
         .tokenizer
         .apply_chat_template(&messages, true)
@@ -112,7 +125,7 @@ pub async fn create(
     sampling.max_tokens = req.max_output_tokens;
     let mut params = params::sampling_params(
         &sampling,
-        None,
+        req.logprobs(),
         app.default_max_tokens(prompt.len()),
         &app.tokenizer,
     )
@@ -130,8 +143,7 @@ pub async fn create(
         max_tokens,
         app.client.max_model_len(),
     )?;
-    app.constrain(&mut params, constraint.clone(), &sampling)
-        .await?;
+    app.constrain(&mut params, constraint, &sampling).await?;
 
     let id = random_id("resp");
     let store = req.store != Some(false);
@@ -141,6 +153,8 @@ pub async fn create(
         status: Status::InProgress,
         model: app.model_name.clone(),
         text: String::new(),
+        calls: Vec::new(),
+        logprobs: Vec::new(),
         usage: None,
         error: None,
         echo: Echo {
@@ -153,10 +167,15 @@ pub async fn create(
             background: req.background,
             metadata: req.metadata.clone().unwrap_or_default(),
             user: req.user.clone(),
-            text_format: constraint.and(text_format.cloned()),
+            text_format: text_format.filter(|_| format_asked).cloned(),
+            tools: body.get("tools").filter(|t| !t.is_null()).cloned(),
+            tool_choice: body.get("tool_choice").filter(|t| !t.is_null()).cloned(),
+            parallel_tool_calls: body["parallel_tool_calls"].as_bool().unwrap_or(true),
+            top_logprobs: req.top_logprobs.unwrap_or(0),
         },
         id: id.clone(),
     };
+    let tools = tools.filter(ToolRequest::may_call);
     let priority = sampling.priority.unwrap_or(0);
     let mut seqs = generate::start(&app, &id, vec![prompt], &params, priority).await?;
     let Some(seq) = seqs.pop() else {
@@ -172,6 +191,7 @@ pub async fn create(
         tokio::spawn(run::drive(
             app.clone(),
             record,
+            tools.clone(),
             seq,
             cancel_rx,
             Sink::Stream(tx),
@@ -186,6 +206,7 @@ pub async fn create(
         tokio::spawn(run::drive(
             app.clone(),
             record,
+            tools.clone(),
             seq,
             cancel_rx,
             Sink::Detached,
@@ -196,6 +217,7 @@ pub async fn create(
     tokio::spawn(run::drive(
         app.clone(),
         record,
+        tools,
         seq,
         cancel_rx,
         Sink::Wait(tx),

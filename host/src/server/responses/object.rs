@@ -5,6 +5,7 @@
 use serde_json::{json, Map, Value};
 
 use super::super::limits;
+use super::super::tools::ToolCall;
 
 /// Where a response stands (OpenAI's `status`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,6 +58,14 @@ pub struct Echo {
     pub user: Option<String>,
     /// `text.format` as asked; `None` for plain text.
     pub text_format: Option<Value>,
+    /// `tools` as sent; `None` when none are.
+    pub tools: Option<Value>,
+    /// `tool_choice` as sent; `None` for OpenAI's default, `auto`.
+    pub tool_choice: Option<Value>,
+    /// Whether an answer may call more than one function.
+    pub parallel_tool_calls: bool,
+    /// Alternatives per token in the logprobs (`0` when unset).
+    pub top_logprobs: u32,
 }
 
 /// One response: its identity, its settings, and what it produced so far.
@@ -72,8 +81,13 @@ pub struct Record {
     pub model: String,
     /// The id of its one output message (`msg_…`).
     pub message_id: String,
-    /// The text generated.
+    /// The text generated (a call's too, as the model wrote it).
     pub text: String,
+    /// The functions the answer calls; empty when it is text.
+    pub calls: Vec<ToolCall>,
+    /// The generated tokens' logprobs (`generate::token_logprobs` entries),
+    /// when asked for; otherwise empty.
+    pub logprobs: Vec<Value>,
     /// Prompt tokens (input) and generated tokens (output).
     pub usage: Option<(usize, usize)>,
     /// Why it failed, when it did.
@@ -85,12 +99,39 @@ pub struct Record {
 impl Record {
     /// Bytes of text it holds, for the store's budget.
     pub fn text_bytes(&self) -> usize {
-        let format = self.echo.text_format.as_ref().map_or(0, limits::json_len) as usize;
-        self.text.len() + self.echo.instructions.as_ref().map_or(0, String::len) + format
+        let e = &self.echo;
+        let calls: usize = self
+            .calls
+            .iter()
+            .map(|c| c.id.len() + c.name.len() + c.arguments.len())
+            .sum();
+        self.text.len()
+            + calls
+            + self
+                .logprobs
+                .iter()
+                .map(|l| limits::json_len(l) as usize)
+                .sum::<usize>()
+            + e.instructions.as_ref().map_or(0, String::len)
+            + [&e.text_format, &e.tools, &e.tool_choice]
+                .into_iter()
+                .flatten()
+                .map(|v| limits::json_len(v) as usize)
+                .sum::<usize>()
     }
 
     /// The output message item as it stands.
     pub fn message(&self) -> Value {
+        self.message_with(&self.text, &self.logprobs)
+    }
+
+    /// The message item as a stream opens it: its text empty (the deltas
+    /// carry it).
+    pub fn opening_message(&self) -> Value {
+        self.message_with("", &[])
+    }
+
+    fn message_with(&self, text: &str, logprobs: &[Value]) -> Value {
         let status = match self.status {
             Status::InProgress => "in_progress",
             Status::Completed => "completed",
@@ -98,24 +139,58 @@ impl Record {
         };
         json!({
             "id": self.message_id, "type": "message", "status": status, "role": "assistant",
-            "content": [self.part()],
+            "content": [part(text, logprobs)],
         })
     }
 
     /// The one `output_text` content part as it stands.
     pub fn part(&self) -> Value {
-        json!({"type": "output_text", "text": self.text, "annotations": [], "logprobs": []})
+        part(&self.text, &self.logprobs)
     }
 
-    /// The whole `response` object. While generating, `output` is empty
-    /// (the stream's events carry the text as it comes).
+    /// The id of call `n`'s output item (`fc_…`).
+    pub fn call_item_id(&self, n: usize) -> String {
+        format!("fc_{}_{n}", self.id.trim_start_matches("resp_"))
+    }
+
+    /// `call` as output item `n` (OpenAI's `function_call`) once it
+    /// ended: `completed`, or `incomplete` when the answer was cut short
+    /// inside it (its arguments are not whole JSON).
+    pub fn ended_call_item(&self, n: usize, call: &ToolCall) -> Value {
+        let whole = serde_json::from_str::<serde::de::IgnoredAny>(&call.arguments).is_ok();
+        let status = if whole { "completed" } else { "incomplete" };
+        self.function_call_item(n, call, status)
+    }
+
+    /// `call` as output item `n` with `status` (`in_progress` while its
+    /// arguments stream).
+    pub fn function_call_item(&self, n: usize, call: &ToolCall, status: &str) -> Value {
+        json!({
+            "id": self.call_item_id(n),
+            "type": "function_call", "status": status, "call_id": call.id, "name": call.name,
+            "arguments": call.arguments,
+        })
+    }
+
+    /// The output items: the calls, or the one message; none while
+    /// generating (the stream's events carry the text as it comes).
+    pub fn output(&self) -> Vec<Value> {
+        if self.status == Status::InProgress {
+            return Vec::new();
+        }
+        if self.calls.is_empty() {
+            return vec![self.message()];
+        }
+        self.calls
+            .iter()
+            .enumerate()
+            .map(|(n, c)| self.ended_call_item(n, c))
+            .collect()
+    }
+
+    /// The whole `response` object.
     pub fn render(&self) -> Value {
         let e = &self.echo;
-        let output = if self.status == Status::InProgress {
-            Vec::new()
-        } else {
-            vec![self.message()]
-        };
         let usage = self.usage.map(|(input, output)| {
             json!({
                 "input_tokens": input, "input_tokens_details": {"cached_tokens": 0},
@@ -136,21 +211,27 @@ impl Record {
             "max_output_tokens": e.max_output_tokens,
             "metadata": e.metadata,
             "model": self.model,
-            "output": output,
-            "parallel_tool_calls": false,
+            "output": self.output(),
+            "parallel_tool_calls": e.parallel_tool_calls,
             "previous_response_id": e.previous_response_id,
             "reasoning": {"effort": null, "summary": null},
             "store": e.store,
             "temperature": e.temperature,
             "text": {"format": e.text_format.clone().unwrap_or_else(|| json!({"type": "text"}))},
-            "tool_choice": "none",
-            "tools": [],
+            "tool_choice": e.tool_choice.clone().unwrap_or_else(|| json!("auto")),
+            "top_logprobs": e.top_logprobs,
+            "tools": e.tools.clone().unwrap_or_else(|| json!([])),
             "top_p": e.top_p,
             "truncation": "disabled",
             "usage": usage,
             "user": e.user,
         })
     }
+}
+
+/// An `output_text` content part.
+pub fn part(text: &str, logprobs: &[Value]) -> Value {
+    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs})
 }
 
 #[cfg(test)]
@@ -165,6 +246,8 @@ mod tests {
             model: "m".into(),
             message_id: "msg_1".into(),
             text: "Hello".into(),
+            calls: Vec::new(),
+            logprobs: Vec::new(),
             usage: Some((3, 2)),
             error: None,
             echo: Echo {
@@ -185,6 +268,35 @@ mod tests {
         let v = record(Status::Completed).render();
         assert!(v["incomplete_details"].is_null());
         assert_eq!(v["output"][0]["status"], "completed");
+    }
+
+    #[test]
+    fn an_answer_that_calls_is_one_function_call_item_per_call() {
+        let mut r = record(Status::Completed);
+        r.calls = (0..2)
+            .map(|n| ToolCall {
+                id: format!("call_{n}"),
+                name: "get_weather".into(),
+                arguments: format!(r#"{{"day":{n}}}"#),
+            })
+            .collect();
+        r.echo.tools = Some(json!([{"type": "function", "name": "get_weather"}]));
+        let v = r.render();
+        let output = v["output"].as_array().unwrap();
+        assert_eq!(output.len(), 2);
+        for (n, item) in output.iter().enumerate() {
+            assert_eq!(item["type"], "function_call");
+            assert_eq!(item["call_id"], format!("call_{n}"));
+            assert_eq!(item["arguments"], format!(r#"{{"day":{n}}}"#));
+            assert_eq!(item["status"], "completed");
+        }
+        assert_ne!(output[0]["id"], output[1]["id"]);
+        assert!(output[0]["id"].as_str().unwrap().starts_with("fc_"));
+        // A call the answer was cut short inside is incomplete.
+        r.calls[1].arguments = r#"{"day":"#.into();
+        assert_eq!(r.render()["output"][1]["status"], "incomplete");
+        assert_eq!(v["tools"], r.echo.tools.clone().unwrap());
+        assert_eq!(v["tool_choice"], "auto");
     }
 
     #[test]

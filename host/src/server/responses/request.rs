@@ -1,16 +1,16 @@
 //! Reading a `POST /v1/responses` body: which fields are honoured,
-//! refused or harmless, `input` (a string or message items) into chat
-//! messages, and every size bounded before anything is copied.
+//! refused or harmless, and every size bounded before anything is copied
+//! (`input.rs` reads `input` itself).
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::super::error::ApiError;
-use super::super::fields::{self, no_forced_call, unset, Neutral, Unsupported};
+use super::super::fields::{self, unset, Unsupported};
 use super::super::limits;
 use super::super::protocol::SamplingRequest;
 use crate::config::ServerConfig;
-use crate::tokenizer::ChatMessage;
+use crate::sampling::MAX_LOGPROBS;
 
 /// The endpoint's own fields this server honours (the sampling fields of
 /// [`SamplingRequest`] are read from the same body).
@@ -48,6 +48,26 @@ pub struct ResponsesRequest {
     /// The caller's end-user id, repeated back.
     #[serde(default)]
     pub user: Option<String>,
+    /// Extra output: only `message.output_text.logprobs` exists here.
+    #[serde(default)]
+    pub include: Option<Vec<String>>,
+    /// Alternatives given beside each generated token's logprob (0 to 20).
+    #[serde(default)]
+    pub top_logprobs: Option<u32>,
+}
+
+/// The one `include` value: logprobs on the output text.
+pub const LOGPROBS_INCLUDE: &str = "message.output_text.logprobs";
+
+impl ResponsesRequest {
+    /// The alternatives per token when logprobs are asked for (by
+    /// `include` or a positive `top_logprobs`), as `sampling_params` takes
+    /// them.
+    pub fn logprobs(&self) -> Option<u32> {
+        let included = self.include.iter().flatten().any(|i| i == LOGPROBS_INCLUDE);
+        let k = self.top_logprobs.unwrap_or(0);
+        (included || k > 0).then_some(k)
+    }
 }
 
 fn yes() -> Option<bool> {
@@ -70,11 +90,6 @@ fn no_reasoning(v: &Value) -> bool {
             .is_some_and(|o| o.values().all(Value::is_null))
 }
 
-/// `null`, `0`.
-fn unset_or_zero(v: &Value) -> bool {
-    v.is_null() || v.as_u64() == Some(0)
-}
-
 /// `null`, `"disabled"`.
 fn no_truncation(v: &Value) -> bool {
     v.is_null() || v.as_str() == Some("disabled")
@@ -88,29 +103,28 @@ fn unset_or_one(v: &Value) -> bool {
 /// Fields OpenAI (or vLLM) define for this endpoint that are not
 /// implemented: refused unless neutral.
 const UNSUPPORTED: &[Unsupported] = &[
-    ("tools", unset as Neutral, fields::TOOLS_ON_CHAT),
-    ("tool_choice", no_forced_call, fields::TOOLS_ON_CHAT),
     ("text", format_only, "only `text.format` is supported (not `verbosity`: ask for the length you want in the instructions)"),
     ("reasoning", no_reasoning, "reasoning options are not supported: this model does not reason"),
-    ("include", unset, "extra output data (`include`) is not supported"),
     ("conversation", unset, "conversations are not supported; chain responses with previous_response_id"),
     ("prompt", unset, "prompt templates are not supported; send input and instructions"),
-    ("top_logprobs", unset_or_zero, "logprobs are not supported on /v1/responses; /v1/chat/completions returns them"),
     ("truncation", no_truncation, "`auto` truncation is not supported; a conversation longer than the context is refused"),
     ("n", unset_or_one, "one answer per response; send several requests for more"),
     ("max_tokens", unset, "is the chat API's name; use max_output_tokens"),
     ("max_completion_tokens", unset, "is the chat API's name; use max_output_tokens"),
-    ("logprobs", unset, "logprobs are not supported on /v1/responses; /v1/chat/completions returns them"),
+    ("logprobs", unset, "is the chat API's name; ask with `include: [\"message.output_text.logprobs\"]` and `top_logprobs`"),
     ("prompt_logprobs", unset, "prompt logprobs are not supported on /v1/responses; /v1/completions returns them"),
 ];
 
-/// Fields that cannot change the answer here.
+/// The tool fields, read by `tools::ToolRequest::from_body`.
+const TOOL_FIELDS: &[&str] = &["tools", "tool_choice", "parallel_tool_calls"];
+
+/// Fields that cannot change the answer here (`max_tool_calls` bounds calls
+/// of OpenAI's built-in tools, of which there are none here).
 const HARMLESS: &[&str] = &[
     "safety_identifier",
     "prompt_cache_key",
     "prompt_cache_retention",
     "service_tier",
-    "parallel_tool_calls",
     "max_tool_calls",
     "stream_options",
 ];
@@ -143,6 +157,7 @@ pub fn read(
     let known: Vec<&str> = fields::field_names::<ResponsesRequest>()
         .iter()
         .chain(fields::field_names::<SamplingRequest>())
+        .chain(TOOL_FIELDS)
         .chain(HARMLESS)
         .copied()
         .collect();
@@ -151,6 +166,21 @@ pub fn read(
     let sampling: SamplingRequest = super::super::params::typed(body)?;
     if let Some(metadata) = &req.metadata {
         check_metadata(metadata)?;
+    }
+    for (i, item) in req.include.iter().flatten().enumerate() {
+        if item != LOGPROBS_INCLUDE {
+            let item: String = item.chars().take(fields::IGNORED_NAME_CHARS).collect();
+            return Err(ApiError::field(
+                &format!("include[{i}]"),
+                format!("is `{item}`; only `{LOGPROBS_INCLUDE}` can be included here (there are no reasoning, tool or file search outputs)"),
+            ));
+        }
+    }
+    if let Some(k) = req.top_logprobs.filter(|&k| k > MAX_LOGPROBS) {
+        return Err(ApiError::field(
+            "top_logprobs",
+            format!("must be in [0, {MAX_LOGPROBS}], got {k}"),
+        ));
     }
     if req.background && req.stream {
         return Err(ApiError::field(
@@ -179,24 +209,28 @@ fn check_input_size(body: &Value, config: &ServerConfig) -> Result<(), ApiError>
         Some(Value::String(s)) => bytes += s.len() as u64,
         Some(Value::Array(items)) => {
             let limit = config.max_messages;
-            let key = "max_messages";
-            limits::at_most("input", items.len() as u64, "items", limit, key)?;
+            let key_name = "max_messages";
+            limits::at_most("input", items.len() as u64, "items", limit, key_name)?;
             let mut parts = 0u64;
             for (i, item) in items.iter().enumerate() {
-                match item.get("content") {
-                    Some(Value::String(s)) => bytes += s.len() as u64,
-                    Some(Value::Array(list)) => {
-                        parts += list.len() as u64;
-                        let field = format!("input[{i}].content");
-                        let unit = "content parts in all items together";
-                        limits::at_most(&field, parts, unit, limit, key)?;
-                        bytes += list
-                            .iter()
-                            .filter_map(|p| p.get("text").and_then(Value::as_str))
-                            .map(|s| s.len() as u64)
-                            .sum::<u64>();
+                // A message's `content`, a call's `arguments`, a call
+                // output's `output`: each a string or a list of text parts.
+                for key in ["content", "arguments", "output"] {
+                    match item.get(key) {
+                        Some(Value::String(s)) => bytes += s.len() as u64,
+                        Some(Value::Array(list)) => {
+                            parts += list.len() as u64;
+                            let field = format!("input[{i}].{key}");
+                            let unit = "content parts in all items together";
+                            limits::at_most(&field, parts, unit, limit, key_name)?;
+                            bytes += list
+                                .iter()
+                                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                                .map(|s| s.len() as u64)
+                                .sum::<u64>();
+                        }
+                        _ => {}
                     }
-                    _ => {}
                 }
             }
         }
@@ -242,157 +276,10 @@ fn check_metadata(metadata: &Map<String, Value>) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// `input` as chat messages: a string is one user message; a list holds
-/// message items (`{"role", "content"}`, `type` absent or `message`)
-/// whose content is a string or `input_text` / `output_text` parts.
-pub fn input_messages(input: &Value) -> Result<Vec<ChatMessage>, ApiError> {
-    let items = match input {
-        Value::Null => return Ok(Vec::new()),
-        Value::String(s) => return Ok(vec![ChatMessage::new("user", s.clone())]),
-        Value::Array(items) => items,
-        _ => {
-            return Err(ApiError::field(
-                "input",
-                "must be a string or a list of message items",
-            ))
-        }
-    };
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, item)| message(i, item))
-        .collect()
-}
-
-fn message(i: usize, item: &Value) -> Result<ChatMessage, ApiError> {
-    let field = |name: &str| format!("input[{i}].{name}");
-    let Some(item) = item.as_object() else {
-        return Err(ApiError::field(
-            &format!("input[{i}]"),
-            "must be a message item, an object with `role` and `content`",
-        ));
-    };
-    match item.get("type").and_then(Value::as_str) {
-        None | Some("message") => {}
-        Some("item_reference") => {
-            return Err(ApiError::field(
-                &field("type"),
-                "item references are not supported; continue a stored response with previous_response_id",
-            ))
-        }
-        Some(other) => {
-            let other: String = other.chars().take(fields::IGNORED_NAME_CHARS).collect();
-            return Err(ApiError::field(
-                &field("type"),
-                format!("is `{other}`; only message items are supported (tool calls and reasoning items are not)"),
-            ));
-        }
-    }
-    let role = match item.get("role").and_then(Value::as_str) {
-        Some("system" | "developer") => "system",
-        Some("user") => "user",
-        Some("assistant") => "assistant",
-        Some(other) => {
-            let other: String = other.chars().take(fields::IGNORED_NAME_CHARS).collect();
-            return Err(ApiError::field(
-                &field("role"),
-                format!("is `{other}`; the roles accepted are user, assistant, system and developer (taken as system)"),
-            ));
-        }
-        None => return Err(ApiError::field(&field("role"), "is missing")),
-    };
-    let content = match item.get("content") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => {
-            let mut text = String::new();
-            for (j, part) in parts.iter().enumerate() {
-                let kind = part.get("type").and_then(Value::as_str);
-                match (kind, part.get("text").and_then(Value::as_str)) {
-                    (Some("input_text" | "output_text" | "text"), Some(t)) => text.push_str(t),
-                    (Some("input_text" | "output_text" | "text"), None) => {
-                        return Err(ApiError::field(
-                            &format!("input[{i}].content[{j}].text"),
-                            "is missing or not a string",
-                        ))
-                    }
-                    (other, _) => {
-                        let other: String = other
-                            .unwrap_or("(none)")
-                            .chars()
-                            .take(fields::IGNORED_NAME_CHARS)
-                            .collect();
-                        return Err(ApiError::field(
-                            &format!("input[{i}].content[{j}].type"),
-                            format!("is `{other}`; this model takes `input_text` parts only"),
-                        ));
-                    }
-                }
-            }
-            text
-        }
-        Some(Value::Null) | None => String::new(),
-        Some(_) => {
-            return Err(ApiError::field(
-                &field("content"),
-                "must be a string or a list of input_text parts",
-            ))
-        }
-    };
-    Ok(ChatMessage::new(role, content))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn input_is_text_or_message_items() {
-        assert_eq!(
-            input_messages(&json!("hi")).unwrap(),
-            vec![ChatMessage::new("user", "hi")]
-        );
-        let items = json!([
-            {"role": "developer", "content": "Be brief."},
-            {"type": "message", "role": "user", "content": [
-                {"type": "input_text", "text": "Hello, "}, {"type": "input_text", "text": "you"}]},
-            {"role": "assistant", "content": [{"type": "output_text", "text": "Hi", "annotations": []}]},
-        ]);
-        assert_eq!(
-            input_messages(&items).unwrap(),
-            vec![
-                ChatMessage::new("system", "Be brief."),
-                ChatMessage::new("user", "Hello, you"),
-                ChatMessage::new("assistant", "Hi"),
-            ]
-        );
-    }
-
-    #[test]
-    fn other_items_and_parts_are_refused_by_path() {
-        let cases = [
-            (
-                json!([{"type": "function_call", "name": "f"}]),
-                "input[0].type",
-            ),
-            (json!([{"role": "tool", "content": "x"}]), "input[0].role"),
-            (json!([{"content": "x"}]), "input[0].role"),
-            (
-                json!([{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]),
-                "input[0].content[0].type",
-            ),
-            (
-                json!([{"role": "user", "content": [{"type": "input_text"}]}]),
-                "input[0].content[0].text",
-            ),
-            (json!(5), "input"),
-            (json!([3]), "input[0]"),
-        ];
-        for (input, param) in cases {
-            let e = input_messages(&input).unwrap_err();
-            assert_eq!(e.param.as_deref(), Some(param), "{input}: {e:?}");
-        }
-    }
 
     fn config() -> ServerConfig {
         ServerConfig {
@@ -412,8 +299,17 @@ mod tests {
         assert_eq!(sampling.temperature, Some(0.0));
         for (body, param) in [
             (
-                json!({"input": "x", "tools": [{"type": "function"}]}),
-                "tools",
+                json!({"input": "x", "conversation": "conv_1"}),
+                "conversation",
+            ),
+            (
+                json!({"input": [{"type": "function_call_output", "call_id": "c", "output": "x".repeat(11)}]}),
+                "input",
+            ),
+            (
+                json!({"input": [{"type": "function_call", "call_id": "c", "name": "f",
+                    "arguments": format!("{{\"a\": \"{}\"}}", "x".repeat(5))}]}),
+                "input",
             ),
             (
                 json!({"input": "x", "text": {"format": {"type": "text"}, "verbosity": "low"}}),
@@ -426,9 +322,12 @@ mod tests {
             (json!({"input": "x", "max_tokens": 3}), "max_tokens"),
             (json!({"input": "x", "truncation": "auto"}), "truncation"),
             (
-                json!({"input": "x", "include": ["reasoning.encrypted_content"]}),
-                "include",
+                json!({"input": "x", "include": [LOGPROBS_INCLUDE, "reasoning.encrypted_content"]}),
+                "include[1]",
             ),
+            (json!({"input": "x", "include": [3]}), "include[0]"),
+            (json!({"input": "x", "top_logprobs": 21}), "top_logprobs"),
+            (json!({"input": "x", "logprobs": true}), "logprobs"),
             (
                 json!({"input": "x", "background": true, "stream": true}),
                 "background",

@@ -3,14 +3,18 @@
 //! client that left both stopping it (dropping the sequence aborts the
 //! engine request), and the record stored when it ends.
 //!
-//! Events, in order: `response.created`, `response.in_progress`,
-//! `response.output_item.added`, `response.content_part.added`,
+//! Events, in order: `response.created`, `response.in_progress`; for a
+//! text answer `response.output_item.added`, `response.content_part.added`,
 //! `response.output_text.delta` (one per text delta),
 //! `response.output_text.done`, `response.content_part.done`,
-//! `response.output_item.done`, then the terminal event named after the
-//! status: `response.completed`, `response.incomplete` (also for a
-//! cancelled response, whose `status` says `cancelled`) or
-//! `response.failed`.
+//! `response.output_item.done`; for an answer that calls functions, per
+//! call `response.output_item.added` once its name is written,
+//! `response.function_call_arguments.delta` as its arguments are written,
+//! `response.function_call_arguments.done` and `response.output_item.done`
+//! once it is complete (at the end for a call cut short);
+//! then the terminal event named after the status: `response.completed`,
+//! `response.incomplete` (also for a cancelled response, whose `status`
+//! says `cancelled`) or `response.failed`.
 
 use std::sync::Arc;
 
@@ -18,8 +22,11 @@ use axum::response::sse::Event;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::object::{Record, Status};
-use crate::server::generate::Sequence;
+use super::object::{part, Record, Status};
+use crate::server::generate::{token_logprobs, Sequence};
+use crate::server::tools::{
+    call_id, Answer, CallEvent, Piece, StreamedAnswer, ToolCall, ToolRequest,
+};
 use crate::server::AppState;
 
 /// Where a run's results go.
@@ -36,6 +43,13 @@ pub enum Sink {
 struct Emitter {
     tx: mpsc::Sender<Event>,
     next: u64,
+    /// Whether the message item's opening events went out: only once the
+    /// answer is known to be text.
+    message_open: bool,
+    /// The calls whose items opened, with the arguments sent so far.
+    calls: Vec<ToolCall>,
+    /// How many of them closed.
+    closed: usize,
 }
 
 impl Emitter {
@@ -49,35 +63,48 @@ impl Emitter {
     }
 
     async fn opening(&mut self, r: &Record) -> bool {
-        let item = json!({"id": r.message_id, "output_index": 0});
-        let at = json!({"item_id": r.message_id, "output_index": 0, "content_index": 0});
         self.send("response.created", json!({"response": r.render()}))
             .await
             && self
                 .send("response.in_progress", json!({"response": r.render()}))
                 .await
+    }
+
+    /// Opens the message item, once.
+    async fn open_message(&mut self, r: &Record) -> bool {
+        if std::mem::replace(&mut self.message_open, true) {
+            return true;
+        }
+        let item = json!({"id": r.message_id, "output_index": 0});
+        let at = json!({"item_id": r.message_id, "output_index": 0, "content_index": 0});
+        self.send(
+            "response.output_item.added",
+            with(&item, "item", r.opening_message()),
+        )
+        .await
             && self
                 .send(
-                    "response.output_item.added",
-                    with(&item, "item", r.message()),
+                    "response.content_part.added",
+                    with(&at, "part", part("", &[])),
                 )
-                .await
-            && self
-                .send("response.content_part.added", with(&at, "part", r.part()))
                 .await
     }
 
-    async fn closing(&mut self, r: &Record) {
+    /// Streams a piece of the message's text, with its tokens' logprobs.
+    async fn text(&mut self, r: &Record, text: &str, logprobs: &[Value]) -> bool {
+        let at = json!({"item_id": r.message_id, "output_index": 0,
+            "content_index": 0, "delta": text, "logprobs": logprobs});
+        self.open_message(r).await && self.send("response.output_text.delta", at).await
+    }
+
+    /// The message's closing events.
+    async fn close_message(&mut self, r: &Record) -> bool {
         let at = json!({"item_id": r.message_id, "output_index": 0, "content_index": 0});
         let mut done = at.clone();
         done["text"] = json!(r.text);
-        done["logprobs"] = json!([]);
-        let terminal = match r.status {
-            Status::Completed => "response.completed",
-            Status::Failed => "response.failed",
-            _ => "response.incomplete",
-        };
-        let _ = self.send("response.output_text.done", done).await
+        done["logprobs"] = json!(r.logprobs);
+        self.open_message(r).await
+            && self.send("response.output_text.done", done).await
             && self
                 .send("response.content_part.done", with(&at, "part", r.part()))
                 .await
@@ -87,7 +114,89 @@ impl Emitter {
                     json!({"output_index": 0, "item": r.message()}),
                 )
                 .await
-            && self.send(terminal, json!({"response": r.render()})).await;
+    }
+
+    /// Streams what the calls said: a call's item opens when its name is
+    /// known, its arguments follow as they are written, and it closes
+    /// when it is complete.
+    async fn call_events(&mut self, r: &Record, events: Vec<CallEvent>) -> bool {
+        for event in events {
+            let sent = match event {
+                CallEvent::Begin { index, name } => {
+                    let call = ToolCall {
+                        id: call_id(&r.id, index),
+                        name,
+                        arguments: String::new(),
+                    };
+                    let item = r.function_call_item(index, &call, "in_progress");
+                    self.calls.push(call);
+                    self.send(
+                        "response.output_item.added",
+                        json!({"output_index": index, "item": item}),
+                    )
+                    .await
+                }
+                CallEvent::Arguments { index, text } => {
+                    self.calls[index].arguments.push_str(&text);
+                    let at = r.call_item_id(index);
+                    self.send(
+                        "response.function_call_arguments.delta",
+                        json!({"item_id": at, "output_index": index, "delta": text}),
+                    )
+                    .await
+                }
+                CallEvent::End { index } => {
+                    self.closed = index + 1;
+                    let call = self.calls[index].clone();
+                    self.close_call(r, index, &call).await
+                }
+            };
+            if !sent {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Call `n`'s closing events, with its arguments as they ended.
+    async fn close_call(&mut self, r: &Record, n: usize, call: &ToolCall) -> bool {
+        let done = json!({"item_id": r.call_item_id(n), "output_index": n,
+            "arguments": call.arguments, "name": call.name});
+        self.send("response.function_call_arguments.done", done)
+            .await
+            && self
+                .send(
+                    "response.output_item.done",
+                    json!({"output_index": n, "item": r.ended_call_item(n, call)}),
+                )
+                .await
+    }
+
+    /// The closing events of the calls still open at the end: a call
+    /// cut short, with what was written of it.
+    async fn finish_calls(&mut self, r: &Record) -> bool {
+        for (n, call) in r.calls.iter().enumerate().skip(self.closed) {
+            if !self.close_call(r, n, call).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The output's closing events (the held-back `rest` of a text answer
+    /// first), then the terminal event.
+    async fn closing(&mut self, r: &Record, rest: &str) {
+        let terminal = match r.status {
+            Status::Completed => "response.completed",
+            Status::Failed => "response.failed",
+            _ => "response.incomplete",
+        };
+        let output = if r.calls.is_empty() {
+            (rest.is_empty() || self.text(r, rest, &[]).await) && self.close_message(r).await
+        } else {
+            self.finish_calls(r).await
+        };
+        let _ = output && self.send(terminal, json!({"response": r.render()})).await;
     }
 }
 
@@ -109,10 +218,12 @@ enum End {
 }
 
 /// Runs `seq` to its end for `record`, feeding `sink`; stores the result
-/// when the response is stored.
+/// when the response is stored. With `tools` (that may be called) an
+/// answer that parses as calls becomes the record's calls.
 pub async fn drive(
     app: Arc<AppState>,
     mut record: Record,
+    tools: Option<ToolRequest>,
     mut seq: Sequence,
     cancel: watch::Receiver<bool>,
     mut sink: Sink,
@@ -123,9 +234,14 @@ pub async fn drive(
         Sink::Stream(tx) => Some(Emitter {
             tx: tx.clone(),
             next: 0,
+            message_open: false,
+            calls: Vec::new(),
+            closed: 0,
         }),
         _ => None,
     };
+    // What of the answer streams as text, under tools.
+    let mut held = StreamedAnswer::default();
     let mut end = End::Done;
     if let Some(e) = &mut emitter {
         if !e.opening(&record).await {
@@ -153,16 +269,33 @@ pub async fn drive(
                 Some(Ok(delta)) => {
                     output_tokens += delta.token_ids.len();
                     record.text.push_str(&delta.text);
+                    let logprobs =
+                        token_logprobs(&app.tokenizer, &delta.token_ids, &delta.logprobs);
+                    record.logprobs.extend(logprobs.iter().cloned());
                     if let Some(finish) = &delta.finish {
                         record.status = match finish.finish_reason.as_str() {
                             "length" => Status::Incomplete,
                             _ => Status::Completed,
                         };
                     }
-                    if let (Some(e), false) = (&mut emitter, delta.text.is_empty()) {
-                        let at = json!({"item_id": record.message_id, "output_index": 0,
-                            "content_index": 0, "delta": delta.text, "logprobs": []});
-                        if !e.send("response.output_text.delta", at).await {
+                    let Some(e) = &mut emitter else { continue };
+                    // Held-back text (a call in the making) carries no
+                    // logprobs when it is let go, as on chat.
+                    let (text, logprobs) = match tools.as_ref().map(|t| held.push(t, &delta.text)) {
+                        Some(Piece::Text(text)) if text == delta.text => (Some(text), logprobs),
+                        Some(Piece::Text(text)) => (Some(text), Vec::new()),
+                        Some(Piece::Calls(events)) => {
+                            if !e.call_events(&record, events).await {
+                                break End::Gone;
+                            }
+                            (None, Vec::new())
+                        }
+                        None => (Some(delta.text), logprobs),
+                    };
+                    // A delta whose text is held for a stop string still
+                    // carries its tokens' logprobs.
+                    if let Some(text) = text.filter(|t| !t.is_empty() || !logprobs.is_empty()) {
+                        if !e.text(&record, &text, &logprobs).await {
                             break End::Gone;
                         }
                     }
@@ -182,13 +315,21 @@ pub async fn drive(
         }
         End::Done => {}
     }
+    let mut rest = String::new();
+    if let Some(t) = &tools {
+        match t.parse(&record.text, &record.id) {
+            Answer::Calls(calls) => record.calls = calls,
+            // What the stream still holds back of a text answer goes last.
+            Answer::Text(_) => rest = held.held_back(),
+        }
+    }
     if record.echo.store {
         app.responses.finish(record.clone());
     }
     match sink {
         Sink::Stream(_) => {
             if let (Some(e), false) = (&mut emitter, matches!(end, End::Gone)) {
-                e.closing(&record).await;
+                e.closing(&record, &rest).await;
             }
         }
         Sink::Wait(tx) => {

@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use tokio::sync::watch;
 
 use super::object::{Record, Status};
+use crate::server::tools::ToolCall;
 use crate::tokenizer::ChatMessage;
 
 /// One stored response.
@@ -132,16 +133,17 @@ impl Store {
     }
 
     /// The conversation a continuation of `id` starts from: what it
-    /// answered, then its answer. Only a finished (completed or
-    /// incomplete) response can be continued.
-    pub fn conversation(&self, id: &str) -> Result<Vec<ChatMessage>, Refusal> {
+    /// answered, then its answer; and the functions that answer calls,
+    /// whose outputs the continuation may give. Only a finished (completed
+    /// or incomplete) response can be continued.
+    pub fn conversation(&self, id: &str) -> Result<(Vec<ChatMessage>, Vec<ToolCall>), Refusal> {
         let inner = self.lock();
         let entry = inner.entries.get(id).ok_or(Refusal::NotFound)?;
         match entry.record.status {
             Status::Completed | Status::Incomplete => {
                 let mut messages = entry.conversation.clone();
                 messages.push(ChatMessage::new("assistant", entry.record.text.clone()));
-                Ok(messages)
+                Ok((messages, entry.record.calls.clone()))
             }
             other => Err(Refusal::Status(other)),
         }
@@ -190,6 +192,8 @@ mod tests {
             model: "m".into(),
             message_id: format!("msg_{id}"),
             text: text.into(),
+            calls: Vec::new(),
+            logprobs: Vec::new(),
             usage: None,
             error: None,
             echo: Echo::default(),
@@ -246,14 +250,28 @@ mod tests {
         );
         store.finish(finished("a", "Hello!"));
         let c = store.conversation("a").unwrap();
-        assert_eq!(
-            c,
-            vec![
-                ChatMessage::new("user", "Hi"),
-                ChatMessage::new("assistant", "Hello!")
-            ]
-        );
+        let said = vec![
+            ChatMessage::new("user", "Hi"),
+            ChatMessage::new("assistant", "Hello!"),
+        ];
+        assert_eq!(c, (said, Vec::new()));
         assert_eq!(store.conversation("zz"), Err(Refusal::NotFound));
+        // An answer that calls functions hands its calls on, for the
+        // outputs that answer them.
+        insert(&store, "b", "Weather?");
+        let call = ToolCall {
+            id: "call_1".into(),
+            name: "get_weather".into(),
+            arguments: r#"{"city":"Paris"}"#.into(),
+        };
+        let text = r#"{"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}}]}"#;
+        store.finish(Record {
+            calls: vec![call.clone()],
+            ..finished("b", text)
+        });
+        let (c, calls) = store.conversation("b").unwrap();
+        assert_eq!(c[1], ChatMessage::new("assistant", text));
+        assert_eq!(calls, vec![call]);
     }
 
     #[test]

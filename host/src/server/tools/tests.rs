@@ -23,7 +23,7 @@ fn request(extra: Value) -> Result<Option<ToolRequest>, ApiError> {
     for (k, v) in extra.as_object().unwrap() {
         body[k] = v.clone();
     }
-    ToolRequest::from_body(&body)
+    ToolRequest::from_body(&body, Api::Chat)
 }
 
 #[test]
@@ -37,7 +37,9 @@ fn choices_parse_and_default_to_auto() {
             .unwrap();
     assert_eq!(r.choice, ToolChoice::Named("now".into()));
     assert!(!r.parallel);
-    assert!(ToolRequest::from_body(&json!({})).unwrap().is_none());
+    assert!(ToolRequest::from_body(&json!({}), Api::Chat)
+        .unwrap()
+        .is_none());
 }
 
 #[test]
@@ -71,9 +73,20 @@ fn bad_tools_name_the_field() {
         (json!({"tool_choice": "required"}), "tool_choice"),
     ];
     for (body, param) in bodies {
-        let e = ToolRequest::from_body(&body).unwrap_err();
+        let e = ToolRequest::from_body(&body, Api::Chat).unwrap_err();
         assert_eq!(e.param.as_deref(), Some(param), "{e:?}");
     }
+}
+
+#[test]
+fn the_first_repeated_name_is_named() {
+    let tools: Vec<Value> = ["a", "b", "c", "b", "a"]
+        .iter()
+        .map(|n| json!({"type": "function", "function": {"name": n}}))
+        .collect();
+    let e = ToolRequest::from_body(&json!({ "tools": tools }), Api::Chat).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("tools[3].function.name"));
+    assert!(e.message.contains("`b` is offered twice"), "{}", e.message);
 }
 
 #[test]
@@ -108,7 +121,7 @@ fn text_stays_text() {
         assert_eq!(r.parse(t, "x"), Answer::Text(t.into()), "{t}");
     }
     let none = request(json!({"tool_choice": "none"})).unwrap().unwrap();
-    assert!(none.system_prompt().is_none() && none.structured_outputs().is_none());
+    assert!(none.system_prompt().is_none() && none.structured_outputs(None).unwrap().is_none());
     let call = r#"{"tool_calls": [{"name": "now", "arguments": {}}]}"#;
     assert_eq!(none.parse(call, "x"), Answer::Text(call.into()));
 }
@@ -132,30 +145,59 @@ fn the_schema_allows_only_callable_functions() {
     assert!(r.system_prompt().unwrap().contains("get_weather"));
     assert!(!r.system_prompt().unwrap().contains("\"now\""));
     let auto = request(json!({})).unwrap().unwrap();
-    let g = auto.structured_outputs().unwrap();
+    let g = auto.structured_outputs(None).unwrap().unwrap();
     assert!(g["grammar"]
         .as_str()
         .unwrap()
-        .starts_with("start: TEXT | calls"));
+        .starts_with("start: text | calls\ntext: TEXT\n"));
 }
 
 #[test]
 fn streams_hold_back_only_calls() {
     let auto = request(json!({})).unwrap().unwrap();
+    let nothing = Piece::Calls(Vec::new());
+    let text = |t: &str| Piece::Text(t.into());
     let mut s = StreamedAnswer::default();
-    assert_eq!(s.push(&auto, " "), None);
-    assert_eq!(s.push(&auto, " It"), Some("  It".into()));
-    assert_eq!(s.push(&auto, " is"), Some(" is".into()));
+    assert_eq!(s.push(&auto, " "), nothing);
+    assert_eq!(s.push(&auto, " It"), text("  It"));
+    assert_eq!(s.push(&auto, " is"), text(" is"));
+    assert!(!s.called());
+    // A call streams as events: its name once written, its arguments as
+    // they come.
     let mut s = StreamedAnswer::default();
+    assert_eq!(s.push(&auto, "{\"tool_calls\": [{\"na"), nothing);
+    let begin = |name: &str| CallEvent::Begin {
+        index: 0,
+        name: name.into(),
+    };
+    let arguments = |text: &str| CallEvent::Arguments {
+        index: 0,
+        text: text.into(),
+    };
     assert_eq!(
-        s.push(&auto, "{\"tool_calls\": [{\"name\": \"now\", "),
-        None
+        s.push(&auto, "me\": \"now\", \"arguments\": {"),
+        Piece::Calls(vec![begin("now"), arguments("{")])
     );
-    assert_eq!(s.push(&auto, "\"arguments\": {}}]}"), None);
+    assert_eq!(
+        s.push(&auto, "}}]}"),
+        Piece::Calls(vec![arguments("}"), CallEvent::End { index: 0 }])
+    );
+    assert!(s.called());
     let Answer::Calls(calls) = s.finish(&auto, "r") else {
         panic!("not a call");
     };
-    assert_eq!(calls[0].name, "now");
+    assert_eq!(
+        (calls[0].name.as_str(), calls[0].arguments.as_str()),
+        ("now", "{}")
+    );
+    // JSON that is not a call (a text answer in the client's JSON format)
+    // streams once it leaves the calls' opening.
+    let mut s = StreamedAnswer::default();
+    assert_eq!(s.push(&auto, "{\""), nothing);
+    assert_eq!(s.push(&auto, "tool"), nothing);
+    assert_eq!(s.push(&auto, "s\": 1"), text("{\"tools\": 1"));
+    assert_eq!(s.push(&auto, "}"), text("}"));
+    assert!(!s.called());
     let mut messages = vec![ChatMessage::new("user", "hi")];
     auto.describe_to(&mut messages);
     assert_eq!(messages[0].role, "system");
@@ -229,7 +271,7 @@ fn local_references_resolve_where_the_parameters_are_placed() {
         "tools": [weather(), {"type": "function", "function": {"name": "ship", "parameters": ship}}],
         "tool_choice": "required",
     });
-    let r = ToolRequest::from_body(&body).unwrap().unwrap();
+    let r = ToolRequest::from_body(&body, Api::Chat).unwrap().unwrap();
     let calls = r.calls_schema();
     let mut original = Vec::new();
     refs(&ship, String::new(), &mut original);
@@ -261,7 +303,7 @@ fn local_references_resolve_where_the_parameters_are_placed() {
         json!({"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}});
     let body =
         json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": remote}}]});
-    let r = ToolRequest::from_body(&body).unwrap().unwrap();
+    let r = ToolRequest::from_body(&body, Api::Chat).unwrap().unwrap();
     let placed = &r.calls_schema()["properties"]["tool_calls"]["items"]["anyOf"][0];
     assert_eq!(
         placed["properties"]["arguments"]["properties"]["a"]["$ref"],
@@ -284,7 +326,7 @@ fn only_schemas_are_closed_not_the_data_in_them() {
         "const": {"properties": {}},
     });
     let body = json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": parameters}}]});
-    let r = ToolRequest::from_body(&body).unwrap().unwrap();
+    let r = ToolRequest::from_body(&body, Api::Chat).unwrap().unwrap();
     let calls = r.calls_schema();
     let args = &calls["properties"]["tool_calls"]["items"]["anyOf"][0]["properties"]["arguments"];
     assert_eq!(args["additionalProperties"], false);
@@ -331,7 +373,7 @@ fn allowed_tools_narrow_the_callable_functions() {
     assert!(r.calls_schema()["properties"]["tool_calls"]
         .get("maxItems")
         .is_none());
-    let so = r.structured_outputs().unwrap();
+    let so = r.structured_outputs(None).unwrap().unwrap();
     assert_eq!(names_in(&so["json"]), ["now"]);
     let prompt = r.system_prompt().unwrap();
     assert!(
@@ -342,11 +384,11 @@ fn allowed_tools_narrow_the_callable_functions() {
     let r = allowed("auto", &["get_weather"]).unwrap().unwrap();
     assert!(r.may_call() && !r.must_call());
     assert_eq!(names_in(&r.calls_schema()), ["get_weather"]);
-    let grammar = r.structured_outputs().unwrap()["grammar"]
+    let grammar = r.structured_outputs(None).unwrap().unwrap()["grammar"]
         .as_str()
         .unwrap()
         .to_string();
-    assert!(grammar.starts_with("start: TEXT | calls") && !grammar.contains("\"now\""));
+    assert!(grammar.starts_with("start: text | calls") && !grammar.contains("\"now\""));
     // Every shape error names its field.
     let field = |e: ApiError| e.param.unwrap();
     assert_eq!(
@@ -377,19 +419,98 @@ fn a_schema_too_deep_for_the_plugins_is_refused_under_every_choice() {
     // Nine levels of extra_args and the calls' schema lie above the
     // parameters where the plugins read them.
     let fits = limits::MAX_EXTRA_ARGS_NESTING - 9;
+    let constraint = |levels: usize, choice: Value| {
+        ToolRequest::from_body(&body(levels, choice), Api::Chat)
+            .unwrap()
+            .unwrap()
+            .structured_outputs(None)
+    };
     for choice in [
         json!("auto"),
         json!("required"),
         json!({"type": "function", "function": {"name": "f"}}),
     ] {
-        assert!(
-            ToolRequest::from_body(&body(fits, choice.clone())).is_ok(),
-            "{choice}"
-        );
-        let e = ToolRequest::from_body(&body(fits + 1, choice.clone())).unwrap_err();
+        assert!(constraint(fits, choice.clone()).is_ok(), "{choice}");
+        let e = constraint(fits + 1, choice.clone()).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("tools"), "{choice}");
         assert!(e.message.contains("flatten the schema"), "{}", e.message);
     }
     // Under `none` the schema goes nowhere.
-    assert!(ToolRequest::from_body(&body(fits + 1, json!("none"))).is_ok());
+    assert_eq!(constraint(fits + 1, json!("none")).unwrap(), None);
+}
+
+/// A chat-shaped tool or choice entry in the Responses API's flat shape.
+fn flat(entry: &Value) -> Value {
+    let mut out = entry.as_object().unwrap().clone();
+    if let Some(Value::Object(f)) = out.remove("function") {
+        out.extend(f);
+    }
+    if let Some(Value::Object(a)) = out.remove("allowed_tools") {
+        out.extend(a);
+    }
+    if let Some(Value::Array(tools)) = out.get_mut("tools") {
+        *tools = tools.iter().map(flat).collect();
+    }
+    Value::Object(out)
+}
+
+#[test]
+fn the_responses_api_shapes_read_as_chat_shapes_do() {
+    let now = json!({"type": "function", "function": {"name": "now"}});
+    let choices = [
+        json!(null),
+        json!("required"),
+        json!("none"),
+        json!({"type": "function", "function": {"name": "now"}}),
+        json!({"type": "allowed_tools", "allowed_tools": {"mode": "required",
+            "tools": [{"type": "function", "function": {"name": "get_weather"}}]}}),
+    ];
+    for choice in choices {
+        let chat = json!({"tools": [weather(), now], "tool_choice": choice,
+            "parallel_tool_calls": false});
+        let responses = json!({"tools": [flat(&weather()), flat(&now)],
+            "tool_choice": if choice.is_object() { flat(&choice) } else { choice.clone() },
+            "parallel_tool_calls": false});
+        let want = ToolRequest::from_body(&chat, Api::Chat).unwrap().unwrap();
+        let got = ToolRequest::from_body(&responses, Api::Responses)
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, want, "{responses}");
+    }
+    // Each shape error names the field where this API puts it.
+    let bodies = [
+        (
+            json!({"tools": [{"type": "function", "name": "a b"}]}),
+            "tools[0].name",
+        ),
+        (
+            json!({"tools": [flat(&weather()), flat(&weather())]}),
+            "tools[1].name",
+        ),
+        (
+            json!({"tools": [{"type": "function", "name": "f", "parameters": 1}]}),
+            "tools[0].parameters",
+        ),
+        (json!({"tools": [{"type": "web_search"}]}), "tools[0].type"),
+        (
+            json!({"tools": [flat(&weather())], "tool_choice": {"type": "function", "name": "now"}}),
+            "tool_choice",
+        ),
+        (
+            json!({"tools": [flat(&weather())], "tool_choice": {"type": "allowed_tools",
+                "mode": "auto", "tools": [{"type": "function", "function": {"name": "get_weather"}}]}}),
+            "tool_choice.tools[0]",
+        ),
+        (
+            json!({"tools": [flat(&weather())], "tool_choice": {"type": "allowed_tools", "tools": []}}),
+            "tool_choice.mode",
+        ),
+    ];
+    for (body, param) in bodies {
+        let e = ToolRequest::from_body(&body, Api::Responses).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some(param), "{body}: {e:?}");
+    }
+    // Chat's nested shape is not the Responses API's.
+    let e = ToolRequest::from_body(&json!({"tools": [weather()]}), Api::Responses).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("tools[0].name"), "{e:?}");
 }
