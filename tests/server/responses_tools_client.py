@@ -182,7 +182,8 @@ def a_report(text):
 
 kinds = set()
 for question in [QUESTION, "Tell me about London."]:
-    asked = {"input": question, "parallel_tool_calls": False, "text": {"format": report_format}}
+    asked = {"input": question, "parallel_tool_calls": False, "text": {"format": report_format},
+             "include": ["message.output_text.logprobs"]}
     r = respond(**asked)
     text, calls = responses_answer(r)
     name = f"format beside tools ({question})"
@@ -198,6 +199,21 @@ for question in [QUESTION, "Tell me about London."]:
     arg_deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
     pieces = arg_deltas if calls else deltas
     check(f"{name}: streamed", streamed == (text, calls) and "".join(deltas) == text and len(pieces) > 1, (streamed, deltas, arg_deltas))
+    if not calls:
+        # Every token's logprobs stream with its text, those of the text
+        # held back while the report might still have opened a call too.
+        tokens = [lp.token for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+        done = [[lp.token for lp in e.logprobs] for e in events if e.type == "response.output_text.done"]
+        check(f"{name}: each token's logprobs streamed", done == [tokens] and "".join(tokens).startswith(text)
+              and len(tokens) == events[-1].response.usage.output_tokens, (tokens, done, text))
+        content, tokens = "", []
+        for chunk in chat([{"role": "user", "content": question}], parallel_tool_calls=False,
+                          response_format=chat_format, stream=True, logprobs=True):
+            for c in chunk.choices:
+                content += c.delta.content or ""
+                tokens += [lp.token for lp in (c.logprobs.content or [] if c.logprobs else [])]
+        check(f"{name}: chat streams each token's logprobs", content == text and "".join(tokens).startswith(text)
+              and len(tokens) == len(done[0] if done else []), (content, tokens))
 check("format beside tools: both a report and a call", kinds == {"report", "call"}, kinds)
 
 # Shapes refused, naming the field.

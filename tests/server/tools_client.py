@@ -199,6 +199,23 @@ def cut_short(name):
           (finish, streamed_args))
 
 
+def call_logprobs(name):
+    """Streamed with logprobs, a call's chunks carry every token's entry
+    once, in order: the same tokens the answer not streamed lists."""
+    kwargs = dict(model=model, messages=ASK_WEATHER, tools=TOOLS, tool_choice=named("get_weather"),
+                  temperature=0, max_tokens=96, logprobs=True)
+    whole = client.chat.completions.create(**kwargs)
+    want = [lp.token for lp in whole.choices[0].logprobs.content]
+    tokens, arguments = [], ""
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        for c in chunk.choices:
+            tokens += [lp.token for lp in (c.logprobs.content or [] if c.logprobs else [])]
+            arguments += "".join(d.function.arguments or "" for d in c.delta.tool_calls or [])
+    check(f"{name}: every token's entry, in order", tokens == want and len(want) == whole.usage.completion_tokens,
+          (tokens, want))
+    check(f"{name}: the same call", arguments == whole.choices[0].message.tool_calls[0].function.arguments, arguments)
+
+
 def refused(name, status, **kwargs):
     try:
         client.chat.completions.create(model=model, max_tokens=8, **kwargs)
@@ -220,6 +237,7 @@ jobs = [
     lambda: round_trip("round trip", stream=False),
     lambda: round_trip("streamed round trip", stream=True),
     lambda: cut_short("cut short"),
+    lambda: call_logprobs("call logprobs"),
     lambda: auto("auto weather", ASK_WEATHER),
     lambda: auto("auto greeting", [{"role": "user", "content": "Say hello."}]),
     lambda: refused("an unknown named function is a 400", 400, messages=ASK_SUM, tools=TOOLS, tool_choice=named("mul")),

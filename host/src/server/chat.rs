@@ -219,14 +219,21 @@ impl Format {
         self.object("chat.completion.chunk", vec![choice], None)
     }
 
-    /// The chat API's logprobs (`{"content": [...]}`, entries as
-    /// [`generate::token_logprobs`]); `null` when none were asked for.
+    /// The chat API's logprobs of tokens `ids` (`{"content": [...]}`,
+    /// entries as [`generate::token_logprobs`]); `null` when none were
+    /// asked for.
     fn logprobs(&self, ids: &[u32], logprobs: &[Logprobs]) -> Value {
-        if logprobs.is_empty() {
-            return Value::Null;
-        }
-        json!({ "content": generate::token_logprobs(&self.app.tokenizer, ids, logprobs) })
+        content_logprobs(generate::token_logprobs(&self.app.tokenizer, ids, logprobs))
     }
+}
+
+/// Logprob entries as the chat API's `logprobs`: `null` when there are
+/// none (none were asked for).
+fn content_logprobs(entries: Vec<Value>) -> Value {
+    if entries.is_empty() {
+        return Value::Null;
+    }
+    json!({ "content": entries })
 }
 
 impl ChunkFormat for Format {
@@ -244,37 +251,37 @@ impl ChunkFormat for Format {
         if self.streams.len() <= index {
             self.streams.resize_with(index + 1, StreamedAnswer::default);
         }
+        let entries =
+            generate::token_logprobs(&self.app.tokenizer, &delta.token_ids, &delta.logprobs);
         let state = &mut self.streams[index];
-        let events = match state.push(tools, &delta.text) {
-            // Text held back while it might have been a call carries no
-            // logprobs when it is let go.
-            Piece::Text(text) => {
-                let logprobs = if text == delta.text {
-                    self.logprobs(&delta.token_ids, &delta.logprobs)
-                } else {
-                    Value::Null
-                };
+        let (events, mut logprobs) = match state.push(tools, &delta.text, entries) {
+            Piece::Text { text, logprobs } => {
+                let logprobs = content_logprobs(logprobs);
                 return Some(self.chunk(index, json!({"content": text}), logprobs, finish));
             }
-            Piece::Calls(events) => events,
+            Piece::Calls { events, logprobs } => (events, logprobs),
         };
         let calls = call_deltas(&self.id, events);
         let Some(finish) = finish else {
             let calls = calls?;
-            return Some(self.chunk(index, json!({"tool_calls": calls}), Value::Null, None));
+            let logprobs = content_logprobs(logprobs);
+            return Some(self.chunk(index, json!({"tool_calls": calls}), logprobs, None));
         };
         let called = state.called();
-        let delta = match (state.finish(tools, &self.id), calls) {
+        let (answer, held) = state.finish(tools, &self.id);
+        logprobs.extend(held);
+        let delta = match (answer, calls) {
             (Answer::Text(text), _) if !called => json!({"content": text}),
             (_, Some(calls)) => json!({"tool_calls": calls}),
             (_, None) => json!({}),
         };
+        let logprobs = content_logprobs(logprobs);
         let finish = if called {
             called_finish(finish)
         } else {
             finish.clone()
         };
-        Some(self.chunk(index, delta, Value::Null, Some(&finish)))
+        Some(self.chunk(index, delta, logprobs, Some(&finish)))
     }
 
     fn usage(&self, usage: Usage) -> Value {

@@ -184,15 +184,17 @@ impl Emitter {
     }
 
     /// The output's closing events (the held-back `rest` of a text answer
-    /// first), then the terminal event.
-    async fn closing(&mut self, r: &Record, rest: &str) {
+    /// first, with its tokens' logprob entries), then the terminal event.
+    async fn closing(&mut self, r: &Record, rest: &str, logprobs: &[Value]) {
         let terminal = match r.status {
             Status::Completed => "response.completed",
             Status::Failed => "response.failed",
             _ => "response.incomplete",
         };
         let output = if r.calls.is_empty() {
-            (rest.is_empty() || self.text(r, rest, &[]).await) && self.close_message(r).await
+            let sent =
+                (rest.is_empty() && logprobs.is_empty()) || self.text(r, rest, logprobs).await;
+            sent && self.close_message(r).await
         } else {
             self.finish_calls(r).await
         };
@@ -279,25 +281,27 @@ pub async fn drive(
                         };
                     }
                     let Some(e) = &mut emitter else { continue };
-                    // Held-back text (a call in the making) carries no
-                    // logprobs when it is let go, as on chat.
-                    let (text, logprobs) = match tools.as_ref().map(|t| held.push(t, &delta.text)) {
-                        Some(Piece::Text(text)) if text == delta.text => (Some(text), logprobs),
-                        Some(Piece::Text(text)) => (Some(text), Vec::new()),
-                        Some(Piece::Calls(events)) => {
-                            if !e.call_events(&record, events).await {
-                                break End::Gone;
-                            }
-                            (None, Vec::new())
-                        }
-                        None => (Some(delta.text), logprobs),
+                    let piece = match &tools {
+                        Some(t) => held.push(t, &delta.text, logprobs),
+                        None => Piece::Text {
+                            text: delta.text,
+                            logprobs,
+                        },
                     };
-                    // A delta whose text is held for a stop string still
-                    // carries its tokens' logprobs.
-                    if let Some(text) = text.filter(|t| !t.is_empty() || !logprobs.is_empty()) {
-                        if !e.text(&record, &text, &logprobs).await {
-                            break End::Gone;
+                    let sent = match piece {
+                        // Nothing to send; a delta whose text is held for
+                        // a stop string still sends its tokens' logprobs.
+                        Piece::Text { text, logprobs }
+                            if text.is_empty() && logprobs.is_empty() =>
+                        {
+                            true
                         }
+                        Piece::Text { text, logprobs } => e.text(&record, &text, &logprobs).await,
+                        // The API gives calls' arguments no logprobs.
+                        Piece::Calls { events, .. } => e.call_events(&record, events).await,
+                    };
+                    if !sent {
+                        break End::Gone;
                     }
                 }
             }
@@ -315,7 +319,7 @@ pub async fn drive(
         }
         End::Done => {}
     }
-    let mut rest = String::new();
+    let mut rest = (String::new(), Vec::new());
     if let Some(t) = &tools {
         match t.parse(&record.text, &record.id) {
             Answer::Calls(calls) => record.calls = calls,
@@ -329,7 +333,7 @@ pub async fn drive(
     match sink {
         Sink::Stream(_) => {
             if let (Some(e), false) = (&mut emitter, matches!(end, End::Gone)) {
-                e.closing(&record, &rest).await;
+                e.closing(&record, &rest.0, &rest.1).await;
             }
         }
         Sink::Wait(tx) => {

@@ -242,20 +242,47 @@ pub fn call_id(request_id: &str, n: usize) -> String {
 /// What a piece of a streamed answer under tools is, for the client.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Piece {
-    /// Text to stream as content.
-    Text(String),
+    /// Text to stream as content, with its tokens' logprob entries (those
+    /// of any text held back before it included).
+    Text {
+        /// The text.
+        text: String,
+        /// One entry per token, as the caller passed them.
+        logprobs: Vec<Value>,
+    },
     /// What the calls said (nothing while it is not known yet whether the
-    /// answer is text or calls).
-    Calls(Vec<CallEvent>),
+    /// answer is text or calls), with the logprob entries of the tokens
+    /// that wrote it (held until a piece writes a name or arguments, or
+    /// the end).
+    Calls {
+        /// The calls' events.
+        events: Vec<CallEvent>,
+        /// One entry per token, as the caller passed them.
+        logprobs: Vec<Value>,
+    },
+}
+
+impl Piece {
+    /// Nothing to stream yet.
+    fn nothing() -> Piece {
+        Piece::Calls {
+            events: Vec::new(),
+            logprobs: Vec::new(),
+        }
+    }
 }
 
 /// One choice's stream under tools: text streams as it comes; an answer
 /// in the call format streams as call events, each call's name once
-/// known and its arguments as they are written.
+/// known and its arguments as they are written. Whatever is held back
+/// keeps its tokens' logprob entries, so every token's entry goes out
+/// once, in order, with the piece its token helped write.
 #[derive(Debug, Default)]
 pub struct StreamedAnswer {
     /// The answer so far, while it is (or may be) calls.
     held: String,
+    /// The logprob entries of the tokens not streamed yet.
+    held_logprobs: Vec<Value>,
     /// Whether the answer is text (`Some(false)`), calls (`Some(true)`),
     /// or not known yet (only whitespace, or a prefix of the calls'
     /// opening, so far).
@@ -264,25 +291,38 @@ pub struct StreamedAnswer {
 }
 
 impl StreamedAnswer {
-    /// Takes a delta's text; says what to stream now.
-    pub fn push(&mut self, request: &ToolRequest, text: &str) -> Piece {
+    /// Takes a delta's text and its tokens' logprob entries (empty when
+    /// none were asked for); says what to stream now.
+    pub fn push(&mut self, request: &ToolRequest, text: &str, logprobs: Vec<Value>) -> Piece {
         if !request.may_call() || self.is_call == Some(false) {
-            return Piece::Text(text.to_string());
+            let text = text.to_string();
+            return Piece::Text { text, logprobs };
         }
         self.held.push_str(text);
+        self.held_logprobs.extend(logprobs);
         if self.is_call.is_none() {
             let start = self.held.trim_start();
             if request.must_call() || start.starts_with(CALLS_START) {
                 self.is_call = Some(true);
             } else if !CALLS_START.starts_with(start) {
                 self.is_call = Some(false);
-                return Piece::Text(std::mem::take(&mut self.held));
+                let (text, logprobs) = self.held_back();
+                return Piece::Text { text, logprobs };
             }
         }
-        if self.is_call == Some(true) {
-            return Piece::Calls(self.reader.read(&self.held));
+        if self.is_call != Some(true) {
+            return Piece::nothing();
         }
-        Piece::Calls(Vec::new())
+        let events = self.reader.read(&self.held);
+        // The entries go with what writes a call's text (a name, arguments);
+        // a piece that only closes calls leaves them for the next.
+        let writes = events.iter().any(|e| !matches!(e, CallEvent::End { .. }));
+        let logprobs = if writes {
+            std::mem::take(&mut self.held_logprobs)
+        } else {
+            Vec::new()
+        };
+        Piece::Calls { events, logprobs }
     }
 
     /// Whether the answer has begun a call the client was told of.
@@ -290,15 +330,21 @@ impl StreamedAnswer {
         self.reader.begun > 0
     }
 
-    /// The text held back so far (the whole answer while it is calls).
-    pub fn held_back(&mut self) -> String {
-        std::mem::take(&mut self.held)
+    /// The text held back so far (the whole answer while it is calls),
+    /// with the logprob entries of the tokens not streamed yet.
+    pub fn held_back(&mut self) -> (String, Vec<Value>) {
+        (
+            std::mem::take(&mut self.held),
+            std::mem::take(&mut self.held_logprobs),
+        )
     }
 
     /// At the end: the whole answer, parsed (a text answer's held-back
-    /// rest, when the stream held some).
-    pub fn finish(&mut self, request: &ToolRequest, request_id: &str) -> Answer {
-        request.parse(&self.held_back(), request_id)
+    /// rest, when the stream held some), and the logprob entries of the
+    /// tokens not streamed yet.
+    pub fn finish(&mut self, request: &ToolRequest, request_id: &str) -> (Answer, Vec<Value>) {
+        let (text, logprobs) = self.held_back();
+        (request.parse(&text, request_id), logprobs)
     }
 }
 

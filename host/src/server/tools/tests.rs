@@ -155,17 +155,30 @@ fn the_schema_allows_only_callable_functions() {
 #[test]
 fn streams_hold_back_only_calls() {
     let auto = request(json!({})).unwrap().unwrap();
-    let nothing = Piece::Calls(Vec::new());
-    let text = |t: &str| Piece::Text(t.into());
+    let nothing = Piece::Calls {
+        events: Vec::new(),
+        logprobs: Vec::new(),
+    };
+    let calls = |events: Vec<CallEvent>| Piece::Calls {
+        events,
+        logprobs: Vec::new(),
+    };
+    let text = |t: &str| Piece::Text {
+        text: t.into(),
+        logprobs: Vec::new(),
+    };
     let mut s = StreamedAnswer::default();
-    assert_eq!(s.push(&auto, " "), nothing);
-    assert_eq!(s.push(&auto, " It"), text("  It"));
-    assert_eq!(s.push(&auto, " is"), text(" is"));
+    assert_eq!(s.push(&auto, " ", Vec::new()), nothing);
+    assert_eq!(s.push(&auto, " It", Vec::new()), text("  It"));
+    assert_eq!(s.push(&auto, " is", Vec::new()), text(" is"));
     assert!(!s.called());
     // A call streams as events: its name once written, its arguments as
     // they come.
     let mut s = StreamedAnswer::default();
-    assert_eq!(s.push(&auto, "{\"tool_calls\": [{\"na"), nothing);
+    assert_eq!(
+        s.push(&auto, "{\"tool_calls\": [{\"na", Vec::new()),
+        nothing
+    );
     let begin = |name: &str| CallEvent::Begin {
         index: 0,
         name: name.into(),
@@ -175,15 +188,15 @@ fn streams_hold_back_only_calls() {
         text: text.into(),
     };
     assert_eq!(
-        s.push(&auto, "me\": \"now\", \"arguments\": {"),
-        Piece::Calls(vec![begin("now"), arguments("{")])
+        s.push(&auto, "me\": \"now\", \"arguments\": {", Vec::new()),
+        calls(vec![begin("now"), arguments("{")])
     );
     assert_eq!(
-        s.push(&auto, "}}]}"),
-        Piece::Calls(vec![arguments("}"), CallEvent::End { index: 0 }])
+        s.push(&auto, "}}]}", Vec::new()),
+        calls(vec![arguments("}"), CallEvent::End { index: 0 }])
     );
     assert!(s.called());
-    let Answer::Calls(calls) = s.finish(&auto, "r") else {
+    let (Answer::Calls(calls), _) = s.finish(&auto, "r") else {
         panic!("not a call");
     };
     assert_eq!(
@@ -193,10 +206,10 @@ fn streams_hold_back_only_calls() {
     // JSON that is not a call (a text answer in the client's JSON format)
     // streams once it leaves the calls' opening.
     let mut s = StreamedAnswer::default();
-    assert_eq!(s.push(&auto, "{\""), nothing);
-    assert_eq!(s.push(&auto, "tool"), nothing);
-    assert_eq!(s.push(&auto, "s\": 1"), text("{\"tools\": 1"));
-    assert_eq!(s.push(&auto, "}"), text("}"));
+    assert_eq!(s.push(&auto, "{\"", Vec::new()), nothing);
+    assert_eq!(s.push(&auto, "tool", Vec::new()), nothing);
+    assert_eq!(s.push(&auto, "s\": 1", Vec::new()), text("{\"tools\": 1"));
+    assert_eq!(s.push(&auto, "}", Vec::new()), text("}"));
     assert!(!s.called());
     let mut messages = vec![ChatMessage::new("user", "hi")];
     auto.describe_to(&mut messages);
@@ -207,6 +220,71 @@ fn streams_hold_back_only_calls() {
         2,
         "a second description joins the system message"
     );
+}
+
+#[test]
+fn every_tokens_logprobs_stream_once_in_order() {
+    let auto = request(json!({})).unwrap().unwrap();
+    // One logprob entry per token, numbered so their order shows.
+    let lp = |n: u64| vec![json!({"token": n})];
+    let entries = |ns: &[u64]| ns.iter().map(|&n| json!({"token": n})).collect::<Vec<_>>();
+    let nothing = Piece::Calls {
+        events: Vec::new(),
+        logprobs: Vec::new(),
+    };
+    // Text held while it may open a call goes with every held token's
+    // entry.
+    let mut s = StreamedAnswer::default();
+    assert_eq!(s.push(&auto, " ", lp(0)), nothing);
+    assert_eq!(s.push(&auto, "{\"", lp(1)), nothing);
+    assert_eq!(
+        s.push(&auto, "x", lp(2)),
+        Piece::Text {
+            text: " {\"x".into(),
+            logprobs: entries(&[0, 1, 2])
+        }
+    );
+    assert_eq!(
+        s.push(&auto, "\"", lp(3)),
+        Piece::Text {
+            text: "\"".into(),
+            logprobs: entries(&[3])
+        }
+    );
+    // An answer that ends while still held gives its entries at the end.
+    let mut s = StreamedAnswer::default();
+    s.push(&auto, "\n", lp(0));
+    s.push(&auto, " ", lp(1));
+    let (answer, logprobs) = s.finish(&auto, "r");
+    assert_eq!(answer, Answer::Text("\n ".into()));
+    assert_eq!(logprobs, entries(&[0, 1]));
+    // A call's pieces carry the entries of the tokens that wrote them;
+    // those that wrote no name or arguments (the opening, the closing) go
+    // with the next piece that does, or at the end.
+    let mut s = StreamedAnswer::default();
+    assert_eq!(s.push(&auto, "{\"tool_calls\":", lp(0)), nothing);
+    assert_eq!(s.push(&auto, "[{\"name\":\"", lp(1)), nothing);
+    let Piece::Calls { events, logprobs } = s.push(&auto, "now\",", lp(2)) else {
+        panic!("not calls");
+    };
+    assert_eq!(events.len(), 1);
+    assert_eq!(logprobs, entries(&[0, 1, 2]));
+    let Piece::Calls { logprobs, .. } = s.push(&auto, "\"arguments\":{}", lp(3)) else {
+        panic!("not calls");
+    };
+    assert_eq!(logprobs, entries(&[3]));
+    // `}` only closes the call, `]}` writes nothing: theirs go at the end.
+    assert_eq!(
+        s.push(&auto, "}", lp(4)),
+        Piece::Calls {
+            events: vec![CallEvent::End { index: 0 }],
+            logprobs: Vec::new()
+        }
+    );
+    assert_eq!(s.push(&auto, "]}", lp(5)), nothing);
+    let (answer, logprobs) = s.finish(&auto, "r");
+    assert!(matches!(answer, Answer::Calls(_)));
+    assert_eq!(logprobs, entries(&[4, 5]));
 }
 
 #[test]
