@@ -270,8 +270,10 @@ policy = "test:misbehave"
 paths = [{policy}, {processor}]
 logits_processors = ["test:misbehave-processor"]
 on_error = "fallback"
-# Far above an honest call, so only the deliberate loop overruns.
+# Far above an honest call, so only the deliberate loop overruns; one
+# budget whatever the batch, so the fault names it.
 deadline_ms = 250
+deadline_per_request_us = 0
 
 [plugins.options."test:misbehave"]
 mode = "panic-every-50"

@@ -448,6 +448,48 @@ fn a_claiming_processors_fault_fails_only_the_rows_of_its_call() {
     assert_eq!(llm.stats().scheduler.num_running, 0);
 }
 
+/// Starting a claimed request (compiling its constraint, say) is work per
+/// request, not per step: the host announces it in a call of its own under
+/// the per-request budget (`init_deadline_ms`), so a start far over the
+/// step's 20 ms serves its request, and a start that never ends fails that
+/// request alone while the one beside it keeps its constraint.
+#[test]
+fn a_claimed_requests_start_has_the_per_request_budget() {
+    let prompt = "The capital of France is";
+    let top = first_token_ranking(prompt);
+    let allowed = [top[3], top[4]];
+    // 100 million dependent multiplications: over 100 ms on any CPU, well
+    // within the 2 s a start is given here.
+    let slow = serde_json::json!({"allow_ids": allowed, "start_spins": 100_000_000u64});
+    let endless = serde_json::json!({"allow_ids": allowed, "start_spins": u64::MAX});
+    let reqs = [
+        request(prompt, claimed(slow, 8)),
+        request(prompt, claimed(endless, 8)),
+        request(
+            prompt,
+            claimed(serde_json::json!({"allow_ids": allowed}), 8),
+        ),
+    ];
+    let mut c = engine_config(&["claims"]);
+    c.plugins.logits_processors = vec!["test:claims".into()];
+    assert_eq!(c.plugins.deadline_ms, 20, "the default step budget");
+    c.plugins.init_deadline_ms = 2000;
+    let mut llm = Llm::new(&c).unwrap();
+    let out = run(&mut llm, &reqs);
+    for i in [0, 2] {
+        let tokens = out[i].as_ref().unwrap();
+        assert_eq!(tokens.len(), 8, "request {i}");
+        assert_eq!(tokens[0], top[3], "request {i}: greedy among {allowed:?}");
+        assert!(tokens.iter().all(|t| allowed.contains(t)), "{tokens:?}");
+    }
+    let hung = out[1].as_ref().unwrap_err();
+    assert!(
+        hung.contains("plugin test:claims: process failed: exceeded its deadline of 2000 ms"),
+        "{hung}"
+    );
+    assert_eq!(llm.stats().scheduler.num_running, 0);
+}
+
 /// Two claimed requests in the same calls: when one makes the processor
 /// trap, the recreated instance is asked for each row alone, so only the
 /// row that traps again fails and the other keeps its constraint.

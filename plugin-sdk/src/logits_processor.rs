@@ -282,7 +282,10 @@ pub trait LogitsProcessor: Sized + 'static {
     /// Edits for this step's rows. `batch.added_ids` / `added_extra_args`
     /// announce new requests once (with their output so far,
     /// [`BatchExt::added_output`]); `batch.removed_ids` those that left.
-    /// An `Err` (or a trap) fails every row of the call (since 0.4).
+    /// An `Err` (or a trap) fails every row of the call (since 0.4). A
+    /// processor that claims requests is told of each in a call of its
+    /// own with no rows, under the per-request budget (`init_deadline_ms`),
+    /// so that is the place for a request's costly start.
     fn process(&mut self, batch: &Batch) -> Result<Edits, String>;
 }
 

@@ -28,6 +28,10 @@ pub struct PluginsConfig {
     pub options: std::collections::BTreeMap<String, toml::Table>,
     /// Wall-clock budget of one per-step plugin call, in milliseconds.
     pub deadline_ms: u64,
+    /// Added to `deadline_ms` for each request a per-step call carries (a
+    /// row to edit or sample, a request to order), in microseconds: a
+    /// call's work grows with its batch.
+    pub deadline_per_request_us: u64,
     /// Wall-clock budget of a plugin's `init`, in milliseconds.
     pub init_deadline_ms: u64,
     /// Linear memory one plugin instance may use, in MiB.
@@ -76,6 +80,7 @@ impl Default for PluginsConfig {
             sampler_top_k: 20,
             options: Default::default(),
             deadline_ms: 20,
+            deadline_per_request_us: 1000,
             init_deadline_ms: 1000,
             memory_limit_mib: 64,
             extension_deadline_ms: 5000,

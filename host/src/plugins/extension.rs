@@ -90,7 +90,7 @@ pub struct WorkerExtension {
 impl WorkerExtension {
     /// Wraps a started instance and asks for its methods.
     pub(super) fn new(mut plugin: Sandboxed<WorkerExtensionPlugin>) -> Result<Self, PluginError> {
-        let methods = plugin.call("methods", |w, s| w.methods(s))?;
+        let methods = plugin.call("methods", 0, |w, s| w.methods(s))?;
         if let Some(bad) = methods
             .iter()
             .find(|m| m.is_empty() || m.contains(char::is_whitespace))
@@ -123,7 +123,7 @@ impl WorkerExtension {
         api: A,
     ) -> (anyhow::Result<String>, A) {
         let mut slot: Option<Box<dyn HostApi>> = Some(Box::new(api));
-        let answer = self.plugin.call("call", |w, s| {
+        let answer = self.plugin.call("call", 0, |w, s| {
             s.data_mut().host_api = slot.take();
             let answer = w.call(s, method, args);
             slot = s.data_mut().host_api.take();

@@ -160,15 +160,22 @@ impl<W: World> Sandboxed<W> {
         Ok((store, world))
     }
 
-    /// Calls hook `call` under the per-step deadline. On a fault the
-    /// instance is recreated (logged with the plugin's name) and the fault
-    /// returned, so the caller can fall back for this step.
+    /// Calls hook `call`, which carries `requests` requests (rows to edit
+    /// or sample, requests to order), under the per-step deadline and its
+    /// allowance for each of them. On a fault the instance is recreated
+    /// (logged with the plugin's name) and the fault returned, so the
+    /// caller can fall back for this step.
     pub fn call<R>(
         &mut self,
         call: &'static str,
+        requests: usize,
         f: impl FnOnce(&W, &mut Store<StoreState>) -> wasmtime::Result<R>,
     ) -> Result<R, PluginError> {
-        let deadline = self.runtime.limits().deadline;
+        let limits = self.runtime.limits();
+        let requests = u32::try_from(requests).unwrap_or(u32::MAX);
+        let deadline = limits
+            .deadline
+            .saturating_add(limits.deadline_per_request.saturating_mul(requests));
         self.call_within(call, deadline, f)
     }
 

@@ -242,6 +242,7 @@ mod tests {
     ) {
         let limits = crate::plugins::runtime::Limits {
             deadline: std::time::Duration::from_secs(1),
+            deadline_per_request: std::time::Duration::ZERO,
             init_deadline: std::time::Duration::from_secs(1),
             memory_bytes: 4 << 20,
         };

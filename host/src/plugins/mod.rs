@@ -138,6 +138,7 @@ pub fn runtime_from_config(config: &PluginsConfig) -> Result<Arc<PluginRuntime>,
     }
     let limits = Limits {
         deadline: Duration::from_millis(config.deadline_ms),
+        deadline_per_request: Duration::from_micros(config.deadline_per_request_us),
         init_deadline: Duration::from_millis(config.init_deadline_ms.max(config.deadline_ms)),
         memory_bytes: usize::try_from(config.memory_limit_mib << 20).map_err(|_| {
             PluginError::Config("memory_limit_mib does not fit this machine".into())

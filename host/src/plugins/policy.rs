@@ -116,7 +116,7 @@ impl WasmPolicy {
         refill(&mut q.priorities, view.priorities);
         refill(&mut q.arrival_times, view.arrival_times);
         let q = &self.waiting;
-        let answer = self.plugin.call("order-waiting", |w, s| {
+        let answer = self.plugin.call("order-waiting", q.ids.len(), |w, s| {
             w.engine_plugins_scheduling_policy()
                 .call_order_waiting(s, q)
         });
@@ -157,7 +157,7 @@ impl WasmPolicy {
         refill(&mut r.arrival_times, view.arrival_times);
         refill(&mut r.num_computed_tokens, view.num_computed_tokens);
         let r = &self.running;
-        match self.plugin.call("pick-victim", |w, s| {
+        match self.plugin.call("pick-victim", r.ids.len(), |w, s| {
             w.engine_plugins_scheduling_policy().call_pick_victim(s, r)
         }) {
             Ok(Some(p)) if (p as usize) < view.ids.len() => Some(p),

@@ -11,10 +11,12 @@
 //!
 //! A 0.4 processor claims requests (`check-request`, asked once when a
 //! request enters the batch; an error fails that request): it is told only
-//! of the requests it claimed, sees only their rows, and is not called in a
-//! step that has none of them and nothing to tell. It may fail single rows
-//! (`fail-rows`). After a fault its recreated instance is told every live
-//! request it claimed again, with the output each has so far, and asked for
+//! of the requests it claimed, each in a call of its own with no rows under
+//! the per-request budget (starting a request compiles its constraint),
+//! sees only their rows, and is not called in a step that has none of them
+//! and nothing to tell. It may fail single rows (`fail-rows`). After a
+//! fault its recreated instance is told every live request it claimed
+//! again, with the output each has so far, and asked for
 //! each row of the faulting call alone: a row whose call faults again fails,
 //! whatever `on_error` says, since sampling it unconstrained would break its
 //! constraint.
@@ -305,6 +307,12 @@ impl LogitsProcessors {
         outputs: impl Fn(u32) -> &'o [u32],
     ) -> Result<Failures, PluginError> {
         let mut failed = Failures::new();
+        let cx = Context {
+            vocabulary: self.vocabulary.as_deref(),
+            live: &self.live,
+            vocab,
+            outputs: &outputs,
+        };
         for p in &mut self.processors {
             p.rows.clear();
             let claimed = &p.claimed;
@@ -315,9 +323,9 @@ impl LogitsProcessors {
             if p.claimed.is_some() && p.rows.is_empty() && p.pending.is_empty() {
                 continue;
             }
-            let vocabulary = self.vocabulary.as_deref();
-            match call(p, vocabulary, &self.live, vocab, &outputs) {
-                Ok(edits) => take(p, &edits, logits, vocab, &mut failed),
+            match call(p, &cx, &mut failed) {
+                Ok(Some(edits)) => take(p, &edits, logits, vocab, &mut failed),
+                Ok(None) => {}
                 // A 0.4 processor's rows cannot be sampled without it. Which
                 // row made it fault is unknown, so the recreated instance is
                 // asked for each row alone: only the rows that fault again
@@ -330,8 +338,9 @@ impl LogitsProcessors {
                     for &row in &all {
                         p.rows.clear();
                         p.rows.push(row);
-                        match call(p, vocabulary, &self.live, vocab, &outputs) {
-                            Ok(edits) => take(p, &edits, logits, vocab, &mut failed),
+                        match call(p, &cx, &mut failed) {
+                            Ok(Some(edits)) => take(p, &edits, logits, vocab, &mut failed),
+                            Ok(None) => {}
                             Err(e) => fail(&mut failed, row.id, e.to_string()),
                         }
                     }
@@ -375,35 +384,47 @@ fn fail(failed: &mut Failures, id: u32, why: String) {
     }
 }
 
+/// What a step's calls need besides the processor.
+struct Context<'a, F> {
+    /// The model's vocabulary, once given.
+    vocabulary: Option<&'a wit::Vocabulary>,
+    live: &'a LiveRequests,
+    /// The logits rows' width.
+    vocab: usize,
+    /// A request's output so far.
+    outputs: &'a F,
+}
+
 /// One processor's `process` over its rows (`p.rows`), the instance told
 /// the vocabulary and its news first: the edits, validated, with the failed
-/// rows' other edits taken out; a fault is returned, the instance recreated.
-fn call<'o>(
+/// rows' other edits taken out, or `None` when no row is left to ask
+/// about; a fault is returned, the instance recreated. A 0.4 processor is
+/// told of its new requests in calls of their own ([`announce`]); those
+/// that fail there are added to `failed` and leave `p.rows`.
+fn call<'o, F: Fn(u32) -> &'o [u32]>(
     p: &mut Processor,
-    vocabulary: Option<&wit::Vocabulary>,
-    live: &LiveRequests,
-    vocab: usize,
-    outputs: &impl Fn(u32) -> &'o [u32],
-) -> Result<LogitEdits, PluginError> {
-    if let Some(vocabulary) = vocabulary {
-        tell_vocabulary(p, vocabulary)?;
+    cx: &Context<'_, F>,
+    failed: &mut Failures,
+) -> Result<Option<LogitEdits>, PluginError> {
+    if p.claimed.is_some() {
+        announce(p, cx, failed)?;
+        let claimed = &p.claimed;
+        p.rows.retain(|r| claims(claimed, r.id));
+        if p.rows.is_empty() && p.pending.is_empty() {
+            return Ok(None);
+        }
+    } else {
+        if let Some(vocabulary) = cx.vocabulary {
+            tell_vocabulary(p, vocabulary)?;
+        }
+        p.pending.resync(p.plugin.faults(), cx.live, |_| true);
     }
-    let claimed = &p.claimed;
-    p.pending
-        .resync(p.plugin.faults(), live, |id| claims(claimed, id));
     let b = &mut p.batch;
     std::mem::swap(&mut b.added_ids, &mut p.pending.added_ids);
     std::mem::swap(&mut b.added_extra_args, &mut p.pending.added_extra_args);
     std::mem::swap(&mut b.removed_ids, &mut p.pending.removed_ids);
     b.added_output_ends.clear();
     b.added_output_tokens.clear();
-    if p.claimed.is_some() {
-        // Empty for a new request; a recreated instance's whole picture.
-        for &id in &b.added_ids {
-            b.added_output_tokens.extend_from_slice(outputs(id));
-            b.added_output_ends.push(b.added_output_tokens.len() as u32);
-        }
-    }
     b.ids.clear();
     b.num_output_tokens.clear();
     b.last_tokens.clear();
@@ -411,9 +432,9 @@ fn call<'o>(
     b.num_output_tokens
         .extend(p.rows.iter().map(|r| r.num_output_tokens));
     b.last_tokens.extend(p.rows.iter().map(|r| r.last_token));
-    b.vocab_size = vocab as u32;
+    b.vocab_size = cx.vocab as u32;
     let batch = &p.batch;
-    let answer = p.plugin.call("process", |w, s| {
+    let answer = p.plugin.call("process", batch.ids.len(), |w, s| {
         w.engine_plugins_logits_processor().call_process(s, batch)
     });
     // Told: the lists go back (emptied) to be reused.
@@ -424,10 +445,82 @@ fn call<'o>(
     );
     std::mem::swap(&mut p.batch.removed_ids, &mut p.pending.removed_ids);
     p.pending.clear();
-    match answer? {
+    let rows = p.rows.len();
+    checked(p, answer?, rows, cx.vocab).map(Some)
+}
+
+/// Tells a 0.4 processor of each request it claimed and has not been told
+/// of (every live one after a fault recreated it), one request a call,
+/// with no rows, under the per-request budget (`init_deadline_ms`, as
+/// `check-request`): this is where a constraint compiles and replays a
+/// request's earlier output, work that a step's budget is not sized for.
+/// A request whose call faults fails alone; the recreated instance is
+/// told of the others again. The newest requests go first: they were
+/// checked last, so their compiled constraints are the freshest in the
+/// plugin's cache.
+fn announce<'o, F: Fn(u32) -> &'o [u32]>(
+    p: &mut Processor,
+    cx: &Context<'_, F>,
+    failed: &mut Failures,
+) -> Result<(), PluginError> {
+    loop {
+        if let Some(vocabulary) = cx.vocabulary {
+            tell_vocabulary(p, vocabulary)?;
+        }
+        let claimed = &p.claimed;
+        p.pending
+            .resync(p.plugin.faults(), cx.live, |id| claims(claimed, id));
+        let (Some(id), Some(extra_args)) =
+            (p.pending.added_ids.pop(), p.pending.added_extra_args.pop())
+        else {
+            return Ok(());
+        };
+        let b = &mut p.batch;
+        b.added_ids.clear();
+        b.added_ids.push(id);
+        b.added_extra_args.clear();
+        b.added_extra_args.push(extra_args);
+        b.added_output_tokens.clear();
+        b.added_output_tokens.extend_from_slice((cx.outputs)(id));
+        b.added_output_ends.clear();
+        b.added_output_ends.push(b.added_output_tokens.len() as u32);
+        b.removed_ids.clear();
+        b.removed_ids.append(&mut p.pending.removed_ids);
+        b.ids.clear();
+        b.num_output_tokens.clear();
+        b.last_tokens.clear();
+        b.vocab_size = cx.vocab as u32;
+        let batch = &p.batch;
+        let answer = p.plugin.call_once("process", |w, s| {
+            w.engine_plugins_logits_processor().call_process(s, batch)
+        });
+        // Told: the step's call carries none of it.
+        let b = &mut p.batch;
+        b.added_ids.clear();
+        b.added_extra_args.clear();
+        b.removed_ids.clear();
+        let told = answer.and_then(|answer| checked(p, answer, 0, cx.vocab));
+        if let Err(e) = told {
+            fail(failed, id, e.to_string());
+            if let Some(claimed) = p.claimed.as_mut() {
+                claimed.remove(&id);
+            }
+        }
+    }
+}
+
+/// A `process` answer over `rows` rows, validated: the edits, with the
+/// failed rows' other edits taken out, or a fault (the instance recreated).
+fn checked(
+    p: &mut Processor,
+    answer: Result<LogitEdits, String>,
+    rows: usize,
+    vocab: usize,
+) -> Result<LogitEdits, PluginError> {
+    match answer {
         Ok(mut edits) => {
-            let checked = edits::take_failures(&mut edits, p.rows.len(), vocab)
-                .and_then(|()| edits::validate(&edits, p.rows.len(), vocab));
+            let checked = edits::take_failures(&mut edits, rows, vocab)
+                .and_then(|()| edits::validate(&edits, rows, vocab));
             match checked {
                 Ok(()) => Ok(edits),
                 Err(why) => Err(p

@@ -56,8 +56,10 @@ use super::ticker::{Ticker, TICK};
 /// Sandbox limits for every instance.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Limits {
-    /// Wall-clock budget of one per-step hook call.
+    /// Wall-clock budget of one per-step hook call...
     pub deadline: Duration,
+    /// ...plus this for each request the call carries.
+    pub deadline_per_request: Duration,
     /// Wall-clock budget of `init` and `metadata`.
     pub init_deadline: Duration,
     /// Linear memory one instance may grow to, in bytes: every memory of

@@ -122,7 +122,7 @@ impl SamplerPlugin {
         std::mem::swap(&mut b.added_extra_args, &mut self.pending.added_extra_args);
         std::mem::swap(&mut b.removed_ids, &mut self.pending.removed_ids);
         let batch = &self.batch;
-        let answer = self.plugin.call("choose", |w, s| {
+        let answer = self.plugin.call("choose", batch.ids.len(), |w, s| {
             w.engine_plugins_sampler().call_choose(s, batch)
         });
         // Told (even a faulting instance is recreated and told afresh).
