@@ -63,7 +63,7 @@ fn one_at_a_time(texts: &[String], params: &SamplingParams) -> Vec<Vec<u32>> {
 
 #[test]
 fn batched_greedy_equals_one_at_a_time() {
-    let texts = prompts(32);
+    let texts = prompts(16);
     let params = greedy(12);
     let expected = one_at_a_time(&texts, &params);
     // A small step budget mixes prefill chunks with other requests' decodes.
@@ -86,7 +86,7 @@ fn batched_greedy_equals_one_at_a_time() {
 /// depend on the batch.
 #[test]
 fn half_width_kv_caches_hold_twice_the_blocks_and_keep_batching_invisible() {
-    let texts = prompts(12);
+    let texts = prompts(8);
     let params = greedy(12);
     let blocks = |c: &EngineConfig| {
         Llm::new(c)
