@@ -159,12 +159,7 @@ pub(crate) fn gemv_rows_scalar(
 fn dot_q8<Q: AsRef<[u8]>>(blocks: impl Iterator<Item = (Q, u16)>, xq: &[i8], dx: &[f32]) -> f32 {
     let mut acc = 0f32;
     for (b, ((wq, d), xq)) in blocks.zip(xq.chunks_exact(QK)).enumerate() {
-        let isum: i32 = wq
-            .as_ref()
-            .iter()
-            .zip(xq)
-            .map(|(&w, &x)| i32::from(w as i8) * i32::from(x))
-            .sum();
+        let isum = isum_q8(block(wq.as_ref()), block(xq));
         acc += f16_to_f32(d) * dx[b] * isum as f32;
     }
     acc
@@ -180,12 +175,41 @@ fn dot_q4<Q: AsRef<[u8]>>(
 ) -> f32 {
     let mut acc = 0f32;
     for (b, ((wq, d, m), xq)) in blocks.zip(xq.chunks_exact(QK)).enumerate() {
-        let mut isum = 0i32;
-        for (j, &byte) in wq.as_ref().iter().enumerate() {
-            isum += i32::from(byte & 0x0F) * i32::from(xq[j])
-                + i32::from(byte >> 4) * i32::from(xq[j + QK / 2]);
-        }
+        let isum = isum_q4(block(wq.as_ref()), block(xq));
         acc += f16_to_f32(d) * dx[b] * isum as f32 + f16_to_f32(m) * sx[b];
     }
     acc
+}
+
+/// `s` as the fixed-size array it is (a block's quants), so the loops over
+/// it compile without bounds checks.
+fn block<T, const N: usize>(s: &[T]) -> &[T; N] {
+    s.try_into().expect("a block holds QK quants")
+}
+
+// The block sums below are exact: |sum| <= 32 * 128 * 128 < 2^31, so their
+// additions never wrap, and `wrapping_add` only tells the compiler so. With
+// checked additions (the test profile's overflow checks) these loops stay
+// scalar; without them they vectorise, which the scalar family's test runs
+// and every CPU without a SIMD family rely on.
+
+/// The integer dot product of one Q8_0 block with one activation block.
+fn isum_q8(wq: &[u8; QK], xq: &[i8; QK]) -> i32 {
+    let mut isum = 0i32;
+    for (&w, &x) in wq.iter().zip(xq) {
+        isum = isum.wrapping_add(i32::from(w as i8) * i32::from(x));
+    }
+    isum
+}
+
+/// The integer dot product of one 4-bit block (low nibbles hold quants
+/// 0..16, high nibbles 16..32) with one activation block.
+fn isum_q4(wq: &[u8; QK / 2], xq: &[i8; QK]) -> i32 {
+    let (lo, hi) = xq.split_at(QK / 2);
+    let mut isum = 0i32;
+    for ((&byte, &xl), &xh) in wq.iter().zip(lo).zip(hi) {
+        let pair = i32::from(byte & 0x0F) * i32::from(xl) + i32::from(byte >> 4) * i32::from(xh);
+        isum = isum.wrapping_add(pair);
+    }
+    isum
 }
