@@ -423,16 +423,7 @@ fn call<'o, F: Fn(u32) -> &'o [u32]>(
     std::mem::swap(&mut b.added_ids, &mut p.pending.added_ids);
     std::mem::swap(&mut b.added_extra_args, &mut p.pending.added_extra_args);
     std::mem::swap(&mut b.removed_ids, &mut p.pending.removed_ids);
-    b.added_output_ends.clear();
-    b.added_output_tokens.clear();
-    b.ids.clear();
-    b.num_output_tokens.clear();
-    b.last_tokens.clear();
-    b.ids.extend(p.rows.iter().map(|r| r.id));
-    b.num_output_tokens
-        .extend(p.rows.iter().map(|r| r.num_output_tokens));
-    b.last_tokens.extend(p.rows.iter().map(|r| r.last_token));
-    b.vocab_size = cx.vocab as u32;
+    set_rows(b, &p.rows, cx.vocab);
     let batch = &p.batch;
     let answer = p.plugin.call("process", batch.ids.len(), |w, s| {
         w.engine_plugins_logits_processor().call_process(s, batch)
@@ -476,20 +467,15 @@ fn announce<'o, F: Fn(u32) -> &'o [u32]>(
             return Ok(());
         };
         let b = &mut p.batch;
+        set_rows(b, &[], cx.vocab);
         b.added_ids.clear();
         b.added_ids.push(id);
         b.added_extra_args.clear();
         b.added_extra_args.push(extra_args);
-        b.added_output_tokens.clear();
         b.added_output_tokens.extend_from_slice((cx.outputs)(id));
-        b.added_output_ends.clear();
         b.added_output_ends.push(b.added_output_tokens.len() as u32);
         b.removed_ids.clear();
         b.removed_ids.append(&mut p.pending.removed_ids);
-        b.ids.clear();
-        b.num_output_tokens.clear();
-        b.last_tokens.clear();
-        b.vocab_size = cx.vocab as u32;
         let batch = &p.batch;
         let answer = p.plugin.call_once("process", |w, s| {
             w.engine_plugins_logits_processor().call_process(s, batch)
@@ -507,6 +493,21 @@ fn announce<'o, F: Fn(u32) -> &'o [u32]>(
             }
         }
     }
+}
+
+/// Sets `b`'s rows to `rows` at width `vocab`, with no output tokens for
+/// added requests: [`call`] sends none, [`announce`] adds its request's.
+fn set_rows(b: &mut Batch, rows: &[Row], vocab: usize) {
+    b.ids.clear();
+    b.ids.extend(rows.iter().map(|r| r.id));
+    b.num_output_tokens.clear();
+    b.num_output_tokens
+        .extend(rows.iter().map(|r| r.num_output_tokens));
+    b.last_tokens.clear();
+    b.last_tokens.extend(rows.iter().map(|r| r.last_token));
+    b.added_output_ends.clear();
+    b.added_output_tokens.clear();
+    b.vocab_size = vocab as u32;
 }
 
 /// A `process` answer over `rows` rows, validated: the edits, with the
