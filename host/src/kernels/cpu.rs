@@ -172,12 +172,14 @@ fn choose(value: Option<&str>, available: &[CpuKernels]) -> Result<CpuKernels, S
 /// True when the active family includes the AVX2 + FMA + F16C kernels.
 ///
 /// After the first call this is a relaxed load and a compare.
+#[cfg(target_arch = "x86_64")]
 #[inline]
 pub(crate) fn has_avx2() -> bool {
     CpuKernels::active() >= CpuKernels::Avx2
 }
 
 /// True when the active family includes the AVX-512 F/BW/VL kernels.
+#[cfg(target_arch = "x86_64")]
 #[inline]
 pub(crate) fn has_avx512() -> bool {
     CpuKernels::active() >= CpuKernels::Avx512Vnni

@@ -35,7 +35,8 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 
 use super::aligned::AlignedBytes;
-use super::interleaved::{groups, q4_record, Interleaved, Job, Place, AVX512_GROUP};
+use super::group_tiles::{groups, Interleaved, Job, Place};
+use super::interleaved::{q4_record, AVX512_GROUP};
 use super::quant::{Q8Acts, TOKEN_PAD};
 use super::weights::QK;
 

@@ -9,9 +9,11 @@
 use std::ops::Range;
 
 use super::cpu::CpuKernels;
+#[cfg(target_arch = "x86_64")]
+use super::group_tiles::{Interleaved, Job};
 use super::interleaved::{q4_block_at, q8_block_at};
 #[cfg(target_arch = "x86_64")]
-use super::interleaved::{Interleaved, Job, AVX2_GROUP, AVX512_GROUP};
+use super::interleaved::{AVX2_GROUP, AVX512_GROUP};
 use super::quant::Q8Acts;
 use super::weights::{f16_to_f32, Packed, WeightMatrix, QK};
 use super::OutPtr;

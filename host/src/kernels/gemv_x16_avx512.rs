@@ -23,7 +23,8 @@
 
 use std::arch::x86_64::*;
 
-use super::interleaved::{q4_record, q8_quants, GroupTiles, Job, Place, Tokens, AVX512_GROUP};
+use super::group_tiles::{GroupTiles, Job, Place, Tokens};
+use super::interleaved::{q4_record, q8_quants, AVX512_GROUP};
 use super::weights::QK;
 
 /// Runs `job` on a matrix in groups of [`AVX512_GROUP`] rows.
@@ -34,7 +35,7 @@ use super::weights::QK;
 /// `n_tokens * n_rows` values, and no other thread may write these rows.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn gemv_rows(job: Job) {
-    super::interleaved::gemv_rows::<Avx512>(job);
+    super::group_tiles::gemv_rows::<Avx512>(job);
 }
 
 /// The AVX-512 VNNI [`GroupTiles`].

@@ -27,7 +27,8 @@
 
 use std::arch::x86_64::*;
 
-use super::interleaved::{q4_record, q8_quants, GroupTiles, Job, Place, Tokens, AVX2_GROUP};
+use super::group_tiles::{GroupTiles, Job, Place, Tokens};
+use super::interleaved::{q4_record, q8_quants, AVX2_GROUP};
 use super::weights::QK;
 
 /// Runs `job` on a matrix in groups of [`AVX2_GROUP`] rows.
@@ -38,7 +39,7 @@ use super::weights::QK;
 /// and no other thread may write these rows.
 #[target_feature(enable = "avx2,f16c")]
 pub(crate) unsafe fn gemv_rows(job: Job) {
-    super::interleaved::gemv_rows::<Avx2>(job);
+    super::group_tiles::gemv_rows::<Avx2>(job);
 }
 
 /// The AVX2 [`GroupTiles`].

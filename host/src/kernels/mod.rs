@@ -35,6 +35,8 @@ mod gemv_simd;
 mod gemv_x16_avx512;
 #[cfg(target_arch = "x86_64")]
 mod gemv_x8_avx2;
+#[cfg(target_arch = "x86_64")]
+mod group_tiles;
 mod interleaved;
 mod kv_elem;
 mod matmul;

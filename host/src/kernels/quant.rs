@@ -76,6 +76,7 @@ impl Q8Acts {
     }
 
     /// The integer block sums of row `t` (`stride` long).
+    #[cfg(target_arch = "x86_64")]
     pub(crate) fn row_sums(&self, t: usize) -> &[i32] {
         &self.sums[t * self.stride..(t + 1) * self.stride]
     }

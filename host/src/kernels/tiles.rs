@@ -108,6 +108,7 @@ pub fn axpy_rows<E: KvElem>(layout: HeadsLayout, p: &[f32], rows: &[E], out: &mu
 /// changes no result. Attention gives it the next K/V piece, whose blocks
 /// lie apart in memory where the hardware prefetcher does not follow.
 #[inline]
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 pub fn prefetch<T>(data: &[T]) {
     #[cfg(target_arch = "x86_64")]
     for line in data.chunks((64 / std::mem::size_of::<T>()).max(1)) {
