@@ -17,8 +17,9 @@ export CARGO_INCREMENTAL=0
 target=aarch64-unknown-linux-gnu
 
 if ! command -v qemu-aarch64 >/dev/null || ! command -v aarch64-linux-gnu-g++ >/dev/null; then
-    apt-get install -y -q gcc-aarch64-linux-gnu g++-aarch64-linux-gnu \
-        libc6-dev-arm64-cross qemu-user >/dev/null
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends gcc-aarch64-linux-gnu \
+        g++-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user >/dev/null
 fi
 rustup target add "$target"
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
