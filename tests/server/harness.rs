@@ -212,7 +212,13 @@ impl Server {
     /// script exits 0 and reports no failed check.
     pub fn run_openai_script(&self, script: &str, expected: &Value) {
         let script = e2e::repo_root().join("tests/server").join(script);
+        // `openai` builds its pydantic models on first use unless told not
+        // to, and that lazy build is not thread-safe: scripts that send
+        // requests from a thread pool failed now and then with "BaseModel
+        // cannot be instantiated directly" when several threads built one
+        // model at once. Built at import, in one thread, it cannot race.
         let out = Command::new("python3")
+            .env("DEFER_PYDANTIC_BUILD", "false")
             .arg(&script)
             .arg(format!("http://{}/v1", self.addr))
             .arg("sesame")
