@@ -111,8 +111,10 @@ impl CpuKernels {
 }
 
 /// The CPU flags (as Linux's /proc/cpuinfo spells them) that decide which
-/// kernels can run or could run, so a benchmark says where it came from.
-const FLAGS_OF_INTEREST: [&str; 11] = [
+/// kernels can run or could run, so a benchmark says where it came from:
+/// x86-64's, then aarch64's (NEON, its dot products and int8 matrix
+/// multiplies, SVE), which a kernel family for ARM would build on.
+const FLAGS_OF_INTEREST: [&str; 17] = [
     "avx2",
     "fma",
     "f16c",
@@ -124,6 +126,33 @@ const FLAGS_OF_INTEREST: [&str; 11] = [
     "amx_tile",
     "amx_int8",
     "amx_bf16",
+    "asimd",
+    "asimddp",
+    "i8mm",
+    "bf16",
+    "sve",
+    "sve2",
+];
+
+/// ARM server cores by /proc/cpuinfo's `CPU implementer` and `CPU part`
+/// (the MIDR fields): aarch64 Linux prints no `model name`. Others are
+/// named by their numbers.
+const ARM_PARTS: [(&str, &str, &str); 6] = [
+    ("0x41", "0xd0c", "Neoverse-N1"),
+    ("0x41", "0xd40", "Neoverse-V1"),
+    ("0x41", "0xd49", "Neoverse-N2"),
+    ("0x41", "0xd4f", "Neoverse-V2"),
+    ("0xc0", "0xac3", "Ampere-1"),
+    ("0xc0", "0xac4", "Ampere-1a"),
+];
+
+/// ARM implementers (the MIDR's top byte) that make server cores.
+const ARM_IMPLEMENTERS: [(&str, &str); 5] = [
+    ("0x41", "ARM"),
+    ("0x48", "HiSilicon"),
+    ("0x4e", "NVIDIA"),
+    ("0x61", "Apple"),
+    ("0xc0", "Ampere"),
 ];
 
 /// The CPU's model name and which of the kernel-relevant flags it has,
@@ -132,7 +161,9 @@ pub fn cpu_description() -> Option<(String, Vec<&'static str>)> {
     describe_cpu(&std::fs::read_to_string("/proc/cpuinfo").ok()?)
 }
 
-/// [`cpu_description`] of the text of a /proc/cpuinfo.
+/// [`cpu_description`] of the text of a /proc/cpuinfo: x86-64's `model
+/// name` and `flags`, or aarch64's `CPU implementer`, `CPU part` and
+/// `Features`.
 fn describe_cpu(cpuinfo: &str) -> Option<(String, Vec<&'static str>)> {
     let field = |key: &str| {
         cpuinfo.lines().find_map(|line| {
@@ -140,11 +171,30 @@ fn describe_cpu(cpuinfo: &str) -> Option<(String, Vec<&'static str>)> {
             (k.trim() == key).then(|| v.trim().to_string())
         })
     };
-    let name = field("model name")?;
-    let flags = field("flags").unwrap_or_default();
+    let name = match field("model name") {
+        Some(name) => name,
+        None => arm_name(&field("CPU implementer")?, &field("CPU part")?),
+    };
+    let flags = field("flags")
+        .or_else(|| field("Features"))
+        .unwrap_or_default();
     let has: Vec<&str> = flags.split_whitespace().collect();
     let wanted = FLAGS_OF_INTEREST.into_iter().filter(|f| has.contains(f));
     Some((name, wanted.collect()))
+}
+
+/// An ARM core's name from its implementer and part numbers, as lscpu
+/// would print it, or the numbers where the tables above lack it.
+fn arm_name(implementer: &str, part: &str) -> String {
+    let vendor = ARM_IMPLEMENTERS.iter().find(|(id, _)| *id == implementer);
+    let core = ARM_PARTS
+        .iter()
+        .find(|(i, p, _)| *i == implementer && *p == part);
+    match (vendor, core) {
+        (Some((_, vendor)), Some((_, _, core))) => format!("{vendor} {core}"),
+        (Some((_, vendor)), None) => format!("{vendor} part {part}"),
+        (None, _) => format!("ARM implementer {implementer} part {part}"),
+    }
 }
 
 /// The family `value` (the environment variable, if set) asks for, given the
@@ -292,6 +342,30 @@ mod tests {
             ]
         );
         assert_eq!(describe_cpu("flags: avx2\n"), None);
+    }
+
+    #[test]
+    fn an_arm_cpu_is_described_from_its_part_numbers() {
+        // An AWS Graviton3's /proc/cpuinfo, first processor.
+        let graviton3 = "processor\t: 0\nBogoMIPS\t: 2100.00\n\
+                         Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp \
+                         asimdhp cpuid asimdrdm jscvt fcma lrcpc dcpop sha3 sm3 sm4 asimddp sha512 \
+                         sve asimdfhm dit uscat ilrcpc flagm ssbs paca pacg dcpodp svei8mm svebf16 \
+                         i8mm bf16 dgh rng\n\
+                         CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x1\n\
+                         CPU part\t: 0xd40\nCPU revision\t: 1\n";
+        let (name, flags) = describe_cpu(graviton3).unwrap();
+        assert_eq!(name, "ARM Neoverse-V1");
+        assert_eq!(flags, ["asimd", "asimddp", "i8mm", "bf16", "sve"]);
+        let part = |i, p| {
+            describe_cpu(&format!("CPU implementer: {i}\nCPU part: {p}\n"))
+                .unwrap()
+                .0
+        };
+        assert_eq!(part("0xc0", "0xac3"), "Ampere Ampere-1");
+        assert_eq!(part("0x41", "0xd8e"), "ARM part 0xd8e");
+        assert_eq!(part("0x99", "0x001"), "ARM implementer 0x99 part 0x001");
+        assert_eq!(describe_cpu("CPU implementer: 0x41\n"), None);
     }
 
     #[test]
