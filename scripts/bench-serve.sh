@@ -11,7 +11,7 @@
 #   KV_DTYPE=float16 bash scripts/bench-serve.sh # host's KV cache in f16, as llama-server's
 #   BATCHED_TOKENS=512 bash scripts/bench-serve.sh
 #                                                # host's token budget a step (--max-num-batched-tokens;
-#                                                #   2048 by default, as llama-server's --batch-size)
+#                                                #   unset: host's default, 2048 as llama-server's --batch-size)
 #   SOAK=60 bash scripts/bench-serve.sh          # + host alone: 256 clients for 60 s,
 #                                                #   then no running request, no KV block left
 #
@@ -24,7 +24,8 @@ cd "$(dirname "$0")/.."
 n="${N:-64}"; c="${C:-16}"; p="${P:-100}"; m="${M:-128}"
 threads="${THREADS:-$(nproc)}"
 kv_dtype="${KV_DTYPE:-auto}"
-batched_tokens="${BATCHED_TOKENS:-2048}"
+# Passed only when set, so host's own default is what runs otherwise.
+budget=(); [[ -n "${BATCHED_TOKENS:-}" ]] && budget=(--max-num-batched-tokens "$BATCHED_TOKENS")
 out="${OUT:-target/bench-serve.json}"
 model=".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 host_port=18631; llama_port=18632
@@ -82,9 +83,9 @@ echo "llama-server --parallel $c ($threads threads) ..." >&2
 pid=$!
 run llama-server "$llama_port"
 
-echo "host serve ($threads threads, KV cache $kv_dtype, $batched_tokens tokens a step) ..." >&2
+echo "host serve ($threads threads, KV cache $kv_dtype, ${BATCHED_TOKENS:-default} tokens a step) ..." >&2
 "$HOST_BIN" --model "$model" --num-threads "$threads" --max-num-seqs "$c" --max-model-len "$ctx" \
-  --kv-cache-dtype "$kv_dtype" --max-num-batched-tokens "$batched_tokens" serve --port "$host_port" >"$work/host.log" 2>&1 &
+  --kv-cache-dtype "$kv_dtype" "${budget[@]}" serve --port "$host_port" >"$work/host.log" 2>&1 &
 pid=$!
 run host "$host_port"
 
