@@ -69,16 +69,16 @@ cargo test --workspace --all-targets
 # build above made: a `cargo test` naming one target resolves the
 # dependencies' features without the host's dev-dependencies and rebuilds
 # half the tree (2.5 minutes) for it.
-engine_tests="$(cargo test --workspace --all-targets --no-run --message-format=json |
+suite="$(cargo test --workspace --all-targets --no-run --message-format=json |
     python3 -c 'import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "engine" and m["executable"]:
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "suite" and m["executable"]:
         print(m["executable"])')"
 for kernels in scalar avx2 avxvnni avx512vnni amx; do
     if HOST_CPU_KERNELS=$kernels target/debug/host config show >/dev/null 2>&1; then
-        (cd tests && HOST_CPU_KERNELS=$kernels "$engine_tests" \
-            batched_greedy_equals_one_at_a_time half_width_kv_caches)
+        (cd tests && HOST_CPU_KERNELS=$kernels "$suite" \
+            engine::batched_greedy_equals_one_at_a_time engine::half_width_kv_caches)
     fi
 done
 

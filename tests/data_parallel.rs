@@ -4,10 +4,8 @@
 //! rank, and a request sharing a cached prefix sent back to the engine that
 //! holds it even when load alone would pick the other.
 
-#[path = "server/harness.rs"]
-mod harness;
-#[path = "server/kill.rs"]
-mod kill;
+use crate::harness;
+use crate::kill;
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};

@@ -8,10 +8,8 @@
 //! starts a new one, the server replays the streams there), or, with
 //! restarts off, seen by `/health` within 2 s, naming the rank and address.
 
-#[path = "server/harness.rs"]
-mod harness;
-#[path = "server/kill.rs"]
-mod kill;
+use crate::harness;
+use crate::kill;
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::TcpStream;

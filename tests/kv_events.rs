@@ -5,8 +5,7 @@
 //! once and later blocks chain to it, evictions and resets are announced,
 //! sequence numbers have no gap, and replay returns what was published.
 
-#[path = "server/harness.rs"]
-mod harness;
+use crate::harness;
 
 use std::net::TcpListener;
 use std::process::Command;

@@ -41,8 +41,7 @@
 //! One block per request for its whole life also means nothing is ever
 //! preempted.
 
-#[path = "server/harness.rs"]
-mod harness;
+use crate::harness;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

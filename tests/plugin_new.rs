@@ -13,8 +13,7 @@
 //! compiled once; cargo runs with `CARGO_NET_OFFLINE=true`, the crates
 //! coming from `~/.cargo` where building `plugins/` put them.
 
-#[path = "server/harness.rs"]
-mod harness;
+use crate::harness;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -18,10 +18,8 @@
 //! no /dev/shm segment owned by any process involved is left (segment names
 //! carry the owner's pid, host/src/message_queue/process.rs).
 
-#[path = "server/harness.rs"]
-mod harness;
-#[path = "server/kill.rs"]
-mod kill;
+use crate::harness;
+use crate::kill;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -4,8 +4,7 @@
 //! against the OpenAI error shape, counters against the requests sent.
 //! Failures (disconnects, SIGTERM, a dead engine) are in `server_faults.rs`.
 
-#[path = "server/harness.rs"]
-mod harness;
+use crate::harness;
 
 use std::time::Duration;
 

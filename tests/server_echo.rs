@@ -7,8 +7,7 @@
 //! prefill cut into chunks, and by `echo`, which prefixes the choice's text
 //! and logprobs with the prompt's.
 
-#[path = "server/harness.rs"]
-mod harness;
+use crate::harness;
 
 use e2e::{default_model, run_python};
 use harness::{chunks, Server};

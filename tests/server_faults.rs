@@ -3,8 +3,7 @@
 //! under the server (a worker process killed). The engine's own counters in
 //! `/metrics` and the process's exit status are the expectations.
 
-#[path = "server/harness.rs"]
-mod harness;
+use crate::harness;
 
 use std::time::Duration;
 

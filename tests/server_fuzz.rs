@@ -17,8 +17,7 @@
 //! operator must leave them off on an exposed server: they change weights
 //! and put the engine to sleep by design.
 
-#[path = "server/harness.rs"]
-mod harness;
+use crate::harness;
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;

@@ -4,8 +4,7 @@
 //! each with a prompt 400 naming the field, and afterwards still answers a
 //! normal request exactly as it did before.
 
-#[path = "server/harness.rs"]
-mod harness;
+use crate::harness;
 
 use std::time::{Duration, Instant};
 

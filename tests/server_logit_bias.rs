@@ -6,8 +6,7 @@
 //! tests/server/logit_bias_client.py; each measures a constrained answer
 //! against the same server's unconstrained greedy one.
 
-#[path = "server/harness.rs"]
-mod harness;
+use crate::harness;
 
 use harness::Server;
 use serde_json::json;

@@ -3,8 +3,7 @@
 //! expected texts come from the offline engine, so the client's view is
 //! checked against an answer computed without any HTTP.
 
-#[path = "server/harness.rs"]
-mod harness;
+use crate::harness;
 
 use harness::Server;
 use host::config::EngineConfig;

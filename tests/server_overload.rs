@@ -5,8 +5,7 @@
 //! `Host`, `Content-Type` and CORS guards. Every loop is bounded in count
 //! and time; servers listen on loopback only.
 
-#[path = "server/harness.rs"]
-mod harness;
+use crate::harness;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

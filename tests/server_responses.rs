@@ -4,8 +4,7 @@
 //! API key. The expected texts are the offline engine's greedy chat answers
 //! for the same conversations, computed without any HTTP.
 
-#[path = "server/harness.rs"]
-mod harness;
+use crate::harness;
 
 use std::time::Duration;
 

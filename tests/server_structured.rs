@@ -6,8 +6,7 @@
 //! follow their schema, regex, choice or grammar, judged by `jsonschema`
 //! and Python's `re` (tests/server/structured_client.py).
 
-#[path = "server/harness.rs"]
-mod harness;
+use crate::harness;
 
 use harness::Server;
 use serde_json::{json, Value};

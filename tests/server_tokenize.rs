@@ -3,8 +3,7 @@
 //! package and chat prompts from Python's jinja2 (tests/reference), the
 //! version from host/Cargo.toml, the context length from the command line.
 
-#[path = "server/harness.rs"]
-mod harness;
+use crate::harness;
 
 use e2e::{default_model, repo_root, run_python};
 use harness::Server;

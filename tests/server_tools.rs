@@ -6,8 +6,7 @@
 //! SDK (tests/server/responses_tools_client.py); and the shapes refused
 //! with a 400 naming the field.
 
-#[path = "server/harness.rs"]
-mod harness;
+use crate::harness;
 
 use harness::Server;
 use serde_json::{json, Value};

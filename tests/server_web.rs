@@ -6,8 +6,7 @@
 //! refuses requests without it. Screenshots go to
 //! `target/test-output/server_web/`.
 
-#[path = "server/harness.rs"]
-mod harness;
+use crate::harness;
 
 use std::path::PathBuf;
 use std::process::Command;
