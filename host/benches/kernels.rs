@@ -9,6 +9,9 @@
 //! - `model/pp512_matmuls`: 512 tokens through the same 210 layer matmuls
 //!   plus the LM head for the last token (what llama-bench's pp512 computes).
 //!
+//! - `attention/*`: attention's tile kernels over one 128-key chunk of
+//!   16-row tiles for the three query heads that share a KV head, K and V
+//!   in f32 and in f16 (the `scores` and the weighted `values` passes).
 //! - `memory/read_96MiB`: the machine's read bandwidth on the same threads,
 //!   the ceiling decode's weight streaming is measured against.
 //! - `families/*`: the quantized matmuls on one thread with each CPU kernel
@@ -27,8 +30,8 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use half::f16;
 use host::kernels::{
-    matmul, matmul_on, matmul_with, rms_norm, silu_mul, softmax_parts, CpuKernels, MatmulPath,
-    ThreadPool, WeightMatrix,
+    axpy_rows, dot_rows_scaled, matmul, matmul_on, matmul_with, rms_norm, silu_mul, softmax_parts,
+    CpuKernels, HeadsLayout, KvElem, MatmulPath, ThreadPool, WeightMatrix,
 };
 use host::model::{DType, Storage, Tensor};
 
@@ -204,6 +207,52 @@ fn families(c: &mut Criterion) {
     group.finish();
 }
 
+/// Attention's tile kernels as a decode step calls them for one chunk of
+/// one KV head: 128 keys in tiles of 16 (the block size), three query
+/// heads (SmolLM2's 9 over 3 KV heads), head width 64; the data stays in
+/// L1/L2, so these time the arithmetic, not the memory.
+fn attention(c: &mut Criterion) {
+    const KEYS: usize = 128;
+    const TILE: usize = 16;
+    const HEADS: usize = 3;
+    const HD: usize = 64;
+    fn run<E: KvElem>(c: &mut Criterion, name: &str, widen: impl Fn(f32) -> E) {
+        let mut rng = Rng(0xA77E);
+        let q = rng.floats(HEADS * HD);
+        let k: Vec<E> = rng.floats(KEYS * HD).into_iter().map(&widen).collect();
+        let v: Vec<E> = rng.floats(KEYS * HD).into_iter().map(&widen).collect();
+        let p = rng.floats(HEADS * KEYS);
+        let mut scores = vec![0f32; HEADS * KEYS];
+        let mut out = vec![0f32; HEADS * HD];
+        let mut group = c.benchmark_group("attention");
+        group.throughput(Throughput::Elements((HEADS * KEYS) as u64));
+        let layout = HeadsLayout {
+            heads: HEADS,
+            keys: TILE,
+            head_dim: HD,
+            score_stride: KEYS,
+            head_stride: HD,
+        };
+        group.bench_function(format!("scores_{name}"), |b| {
+            b.iter(|| {
+                for (t, k) in k.chunks_exact(TILE * HD).enumerate() {
+                    dot_rows_scaled(layout, &q, k, 0.125, &mut scores[t * TILE..]);
+                }
+            })
+        });
+        group.bench_function(format!("values_{name}"), |b| {
+            b.iter(|| {
+                for (t, v) in v.chunks_exact(TILE * HD).enumerate() {
+                    axpy_rows(layout, &p[t * TILE..], v, &mut out);
+                }
+            })
+        });
+        group.finish();
+    }
+    run(c, "f32", |x| x);
+    run(c, "f16", f16::from_f32);
+}
+
 /// All matmuls of the model, with 30 distinct layers of weights.
 fn model(c: &mut Criterion) {
     let pool = ThreadPool::new(threads());
@@ -313,5 +362,5 @@ fn bandwidth(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, small, shapes, crossover, families, model, bandwidth);
+criterion_group!(benches, small, attention, shapes, crossover, families, model, bandwidth);
 criterion_main!(benches);

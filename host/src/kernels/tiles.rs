@@ -1,7 +1,14 @@
-//! Attention's tile kernels: one query's scores against a KV tile and the
-//! weighted sums of a V tile, over rows of any KV-cache element type
-//! ([`KvElem`]), each bit-identical to [`dot`](super::dot) and
+//! Attention's tile kernels: several query heads' scores against a KV tile
+//! and their weighted sums of a V tile, over rows of any KV-cache element
+//! type ([`KvElem`]), each bit-identical to [`dot`](super::dot) and
 //! [`axpy`](super::axpy) per row on the rows widened to f32.
+//!
+//! The heads that share a KV head go through a tile together. With AVX2,
+//! the V pass keeps up to three heads' sums in registers and loads (and
+//! widens) each V row once for them; the score pass does the same for a
+//! half-width K row, whose widening costs as much as its multiply-adds,
+//! while an f32 K row is cheaper read once per head against a query held
+//! in registers.
 //!
 //! The AVX-512 versions (64-wide heads) keep those bits: a score is the
 //! AVX2 kernel's four 8-lane accumulators held in two 16-lane ones and
@@ -13,75 +20,110 @@
 use super::kv_elem::KvElem;
 use super::vector::{axpy_portable, dot_portable};
 
-/// `scores[j] = dot(q, rows[j]) * scale` for each of the `scores.len()`
-/// consecutive rows of `q.len()` values in `rows`: attention's scores of
-/// one query against a KV tile, each bit-identical to [`dot`](super::dot)'s
-/// on the row widened to f32.
-///
-/// Panics if `rows` is shorter than `scores.len() * q.len()`.
-pub fn dot_rows_scaled<E: KvElem>(q: &[f32], rows: &[E], scale: f32, scores: &mut [f32]) {
-    let hd = q.len();
-    let rows = &rows[..scores.len() * hd];
-    #[cfg(target_arch = "x86_64")]
-    if super::cpu::has_avx512() && hd == 64 {
-        // SAFETY: the AVX-512 family (with AVX2, FMA, F16C) is present;
-        // `rows` holds every row (sliced above).
-        unsafe { avx512::dot_rows_scaled_64(q, rows, scale, scores) };
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if super::cpu::has_avx2() {
-        // SAFETY: the AVX2 family (AVX2, FMA, F16C) is present; `rows`
-        // holds every row (sliced above).
-        unsafe { avx2::dot_rows_scaled(q, rows, scale, scores) };
-        return;
-    }
-    for (s, row) in scores.iter_mut().zip(rows.chunks_exact(hd.max(1))) {
-        *s = dot_portable(q, row) * scale;
-    }
-}
-
-/// Where several heads' weights and outputs of one V tile lie: head `h`
-/// weighs the tile's `keys` rows by `p[h * p_stride..][..keys]` and adds
-/// them into `out[h * out_stride..][..head_dim]`.
+/// Where several heads' vectors and scores against one KV tile lie: head
+/// `h`'s vector (its query, or its output) is
+/// `[h * head_stride..][..head_dim]`, and its scores of the tile's `keys`
+/// rows (the scores [`dot_rows_scaled`] writes, the weights
+/// [`axpy_rows`] reads) are `[h * score_stride..][..keys]`.
 #[derive(Clone, Copy, Debug)]
 pub struct HeadsLayout {
     /// Heads sharing the tile.
     pub heads: usize,
     /// Rows of the tile.
     pub keys: usize,
-    /// Width of a row and of a head's output.
+    /// Width of a row and of a head's vector.
     pub head_dim: usize,
-    /// Floats between consecutive heads' weights.
-    pub p_stride: usize,
-    /// Floats between consecutive heads' outputs (at least `head_dim`).
-    pub out_stride: usize,
+    /// Floats between consecutive heads' scores (at least `keys`).
+    pub score_stride: usize,
+    /// Floats between consecutive heads' vectors (at least `head_dim`).
+    pub head_stride: usize,
 }
 
-/// `out_h += Σ_j p_h[j] * rows[j]` for every head of `layout`, keys in
-/// order: attention's weighted sums of one V tile, each head's bit-identical
-/// to one [`axpy`](super::axpy) per row widened to f32.
+impl HeadsLayout {
+    /// Panics, naming `kernel`, unless every head's vector and scores lie
+    /// inside slices of `vectors` and `scores` floats, heads do not overlap,
+    /// and a tile of `rows` values holds `keys` rows.
+    fn check(&self, kernel: &str, vectors: usize, scores: usize, rows: usize) {
+        let last = self.heads.saturating_sub(1);
+        assert!(
+            self.head_stride >= self.head_dim
+                && self.score_stride >= self.keys
+                && vectors >= last * self.head_stride + self.head_dim
+                && scores >= last * self.score_stride + self.keys
+                && rows >= self.keys * self.head_dim,
+            "{kernel}: {self:?} does not fit its slices"
+        );
+    }
+}
+
+/// `scores_h[j] = dot(q_h, rows[j]) * scale` for every head `h` of
+/// `layout` and each of its `keys` rows: attention's scores of the query
+/// heads that share a KV tile, each bit-identical to [`dot`](super::dot)'s
+/// on the row widened to f32.
+///
+/// Panics if a head's query or scores, or the tile, lie outside the
+/// slices, or if heads' scores overlap.
+pub fn dot_rows_scaled<E: KvElem>(
+    layout: HeadsLayout,
+    q: &[f32],
+    rows: &[E],
+    scale: f32,
+    scores: &mut [f32],
+) {
+    layout.check("dot_rows_scaled", q.len(), scores.len(), rows.len());
+    let hd = layout.head_dim;
+    let rows = &rows[..layout.keys * hd];
+    #[cfg(target_arch = "x86_64")]
+    if hd == 64
+        && std::mem::size_of::<E>() < 4
+        && super::cpu::has_avx2()
+        && !super::cpu::has_avx512()
+    {
+        // SAFETY: the AVX2 family (AVX2, FMA, F16C) is present; every
+        // head's query and scores, and every row, lie inside (checked
+        // above).
+        unsafe { avx2::dot_rows_shared_64(layout, q, rows, scale, scores) };
+        return;
+    }
+    for h in 0..layout.heads {
+        let q = &q[h * layout.head_stride..][..hd];
+        let scores = &mut scores[h * layout.score_stride..][..layout.keys];
+        #[cfg(target_arch = "x86_64")]
+        if super::cpu::has_avx512() && hd == 64 {
+            // SAFETY: the AVX-512 family (with AVX2, FMA, F16C) is
+            // present; `rows` holds every row (checked above).
+            unsafe { avx512::dot_rows_scaled_64(q, rows, scale, scores) };
+            continue;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if super::cpu::has_avx2() {
+            // SAFETY: the AVX2 family (AVX2, FMA, F16C) is present; `rows`
+            // holds every row (checked above).
+            unsafe { avx2::dot_rows_scaled(q, rows, scale, scores) };
+            continue;
+        }
+        for (s, row) in scores.iter_mut().zip(rows.chunks_exact(hd.max(1))) {
+            *s = dot_portable(q, row) * scale;
+        }
+    }
+}
+
+/// `out_h += Σ_j p_h[j] * rows[j]` for every head `h` of `layout`, with
+/// `p_h` its scores (weights) and `out_h` its vector, keys in order:
+/// attention's weighted sums of one V tile, each head's bit-identical to
+/// one [`axpy`](super::axpy) per row widened to f32.
 ///
 /// Panics if a head's weights or output, or the tile, lie outside the
 /// slices, or if heads' outputs overlap.
 pub fn axpy_rows<E: KvElem>(layout: HeadsLayout, p: &[f32], rows: &[E], out: &mut [f32]) {
+    layout.check("axpy_rows", out.len(), p.len(), rows.len());
     let HeadsLayout {
         heads,
         keys,
         head_dim: hd,
-        p_stride,
-        out_stride,
+        score_stride,
+        head_stride,
     } = layout;
-    if heads == 0 {
-        return;
-    }
-    assert!(
-        out_stride >= hd
-            && p.len() >= (heads - 1) * p_stride + keys
-            && out.len() >= (heads - 1) * out_stride + hd
-            && rows.len() >= keys * hd,
-        "axpy_rows: {layout:?} does not fit its slices"
-    );
     let rows = &rows[..keys * hd];
     #[cfg(target_arch = "x86_64")]
     if super::cpu::has_avx512() && hd == 64 {
@@ -90,14 +132,16 @@ pub fn axpy_rows<E: KvElem>(layout: HeadsLayout, p: &[f32], rows: &[E], out: &mu
         unsafe { avx512::axpy_rows_64(layout, p, rows, out) };
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if super::cpu::has_avx2() {
+        // SAFETY: the AVX2 family (AVX2, FMA, F16C) is present; every
+        // head's weights and output lie inside (checked above).
+        unsafe { avx2::axpy_rows(layout, p, rows, out) };
+        return;
+    }
     for h in 0..heads {
-        let (p, out) = (&p[h * p_stride..][..keys], &mut out[h * out_stride..][..hd]);
-        #[cfg(target_arch = "x86_64")]
-        if super::cpu::has_avx2() {
-            // SAFETY: the AVX2 family (AVX2, FMA, F16C) is present.
-            unsafe { avx2::axpy_rows(p, rows, out) };
-            continue;
-        }
+        let p = &p[h * score_stride..][..keys];
+        let out = &mut out[h * head_stride..][..hd];
         for (&p, row) in p.iter().zip(rows.chunks_exact(hd.max(1))) {
             axpy_portable(p, row, out);
         }
@@ -127,11 +171,66 @@ pub fn prefetch<T>(data: &[T]) {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::super::vector::avx2::{axpy, dot_inline};
-    use super::KvElem;
+    use super::super::vector::avx2::{axpy, dot_inline, hsum};
+    use super::{HeadsLayout, KvElem};
 
-    /// AVX2 [`dot_rows_scaled`](super::dot_rows_scaled); `rows` holds
-    /// `scores.len()` rows.
+    /// AVX2 [`dot_rows_scaled`](super::dot_rows_scaled) of half-width
+    /// 64-wide rows: up to three heads at a time, each row widened once
+    /// for all of them, the queries read from memory (twelve accumulators
+    /// and the widened vector fill the registers) and each row's sum
+    /// reduced at once by [`dot_inline`]'s tree.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_rows_shared_64<E: KvElem>(
+        layout: HeadsLayout,
+        q: &[f32],
+        rows: &[E],
+        scale: f32,
+        scores: &mut [f32],
+    ) {
+        let mut h = 0;
+        while h < layout.heads {
+            match layout.heads - h {
+                1 => dot_heads_shared_64::<E, 1>(layout, h, q, rows, scale, scores),
+                2 => dot_heads_shared_64::<E, 2>(layout, h, q, rows, scale, scores),
+                _ => dot_heads_shared_64::<E, 3>(layout, h, q, rows, scale, scores),
+            }
+            h += 3;
+        }
+    }
+
+    /// Heads `first..first + G` of [`dot_rows_shared_64`].
+    #[inline(always)]
+    unsafe fn dot_heads_shared_64<E: KvElem, const G: usize>(
+        layout: HeadsLayout,
+        first: usize,
+        q: &[f32],
+        rows: &[E],
+        scale: f32,
+        scores: &mut [f32],
+    ) {
+        let pq = q.as_ptr().add(first * layout.head_stride);
+        let ps = scores.as_mut_ptr().add(first * layout.score_stride);
+        for j in 0..layout.keys {
+            let k = rows.as_ptr().add(j * 64);
+            let mut acc = [[_mm256_setzero_ps(); 4]; G];
+            for half in [0, 32] {
+                for i in 0..4 {
+                    let kv = E::load8(k.add(half + 8 * i));
+                    for (g, acc) in acc.iter_mut().enumerate() {
+                        let qv = _mm256_loadu_ps(pq.add(g * layout.head_stride + half + 8 * i));
+                        acc[i] = _mm256_fmadd_ps(qv, kv, acc[i]);
+                    }
+                }
+            }
+            for (g, acc) in acc.iter().enumerate() {
+                let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+                *ps.add(g * layout.score_stride + j) = hsum(v) * scale;
+            }
+        }
+    }
+
+    /// One head of AVX2 [`dot_rows_scaled`](super::dot_rows_scaled);
+    /// `rows` holds `scores.len()` rows of `q.len()`.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_rows_scaled<E: KvElem>(
         q: &[f32],
@@ -156,78 +255,137 @@ mod avx2 {
     /// [`dot_inline`] builds them, and its horizontal sum in the same tree
     /// (`((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7))` over the combined lanes),
     /// done for the eight rows at once by transposing adds instead of one
-    /// serial reduction per row.
+    /// serial reduction per row. Every row position goes through the same
+    /// tree, so the rows enter in the order (0 4 1 5 2 6 3 7) that leaves
+    /// their sums in order, and they join the transpose as soon as they are
+    /// summed, so that beside the eight query vectors and four accumulators
+    /// only a few partial sums are live: no spills.
     #[inline(always)]
     unsafe fn dot8_rows_64<E: KvElem>(q: &[f32], rows: *const E, scale: f32, out: &mut [f32]) {
         let mut qv = [_mm256_setzero_ps(); 8];
         for (i, qv) in qv.iter_mut().enumerate() {
             *qv = _mm256_loadu_ps(q.as_ptr().add(8 * i));
         }
-        let mut v = [_mm256_setzero_ps(); 8];
-        for (r, v) in v.iter_mut().enumerate() {
-            let k = rows.add(r * 64);
-            let mut acc = [_mm256_setzero_ps(); 4];
-            for (i, acc) in acc.iter_mut().enumerate() {
-                *acc = _mm256_fmadd_ps(qv[i], E::load8(k.add(8 * i)), *acc);
-                *acc = _mm256_fmadd_ps(qv[4 + i], E::load8(k.add(32 + 8 * i)), *acc);
-            }
-            *v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-        }
-        // s4 of rows (a, b): [a.lo + a.hi, b.lo + b.hi].
-        let pair = |a: __m256, b: __m256| {
-            _mm256_add_ps(
-                _mm256_permute2f128_ps::<0x20>(a, b),
-                _mm256_permute2f128_ps::<0x31>(a, b),
-            )
-        };
-        let (s01, s23, s45, s67) = (
-            pair(v[0], v[1]),
-            pair(v[2], v[3]),
-            pair(v[4], v[5]),
-            pair(v[6], v[7]),
-        );
-        // [r(s0+s2), r'(s0+s2), r(s1+s3), r'(s1+s3)] per 128-bit half.
-        let a = _mm256_add_ps(_mm256_unpacklo_ps(s01, s23), _mm256_unpackhi_ps(s01, s23));
-        let b = _mm256_add_ps(_mm256_unpacklo_ps(s45, s67), _mm256_unpackhi_ps(s45, s67));
+        let row = |r: usize| rows.add(r * 64);
+        let a = quad_sum(&qv, [row(0), row(4), row(1), row(5)]);
+        let b = quad_sum(&qv, [row(2), row(6), row(3), row(7)]);
         let sums = _mm256_add_ps(
             _mm256_shuffle_ps::<0b01_00_01_00>(a, b),
             _mm256_shuffle_ps::<0b11_10_11_10>(a, b),
         );
-        // Lanes hold rows 0 2 4 6 1 3 5 7; put them in order.
-        let ordered = _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_ps(
-            out.as_mut_ptr(),
-            _mm256_mul_ps(ordered, _mm256_set1_ps(scale)),
-        );
+        _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(sums, _mm256_set1_ps(scale)));
     }
 
-    /// One head of AVX2 [`axpy_rows`](super::axpy_rows): for a 64-float
-    /// `out`, kept in eight registers, the same fused multiply-adds per
-    /// lane, in the same order, as [`axpy`] per row; other widths, [`axpy`]
-    /// per row. `rows` holds `p.len()` rows.
+    /// Four rows `[r0, r1, r2, r3]` of [`dot8_rows_64`], partly reduced:
+    /// `[r0(s0+s2), r2(s0+s2), r0(s1+s3), r2(s1+s3)]` in the low 128-bit
+    /// half and the same of rows r1 and r3 in the high one, `s` being a
+    /// row's `lo + hi` over its combined accumulator.
+    #[inline(always)]
+    unsafe fn quad_sum<E: KvElem>(qv: &[__m256; 8], rows: [*const E; 4]) -> __m256 {
+        let lo = pair_sum(qv, rows[0], rows[1]);
+        let hi = pair_sum(qv, rows[2], rows[3]);
+        _mm256_add_ps(_mm256_unpacklo_ps(lo, hi), _mm256_unpackhi_ps(lo, hi))
+    }
+
+    /// Rows `a` and `b` of [`dot8_rows_64`]: `[a.lo + a.hi, b.lo + b.hi]`
+    /// of their combined accumulators. The halves are moved by inserts and
+    /// an extract, which Zen 1 does in one or two micro-ops each, where a
+    /// two-source 128-bit permute takes eight.
+    #[inline(always)]
+    unsafe fn pair_sum<E: KvElem>(qv: &[__m256; 8], a: *const E, b: *const E) -> __m256 {
+        let (a, b) = (row_sum(qv, a), row_sum(qv, b));
+        let los = _mm256_insertf128_ps::<1>(a, _mm256_castps256_ps128(b));
+        let his = _mm256_insertf128_ps::<0>(b, _mm256_extractf128_ps::<1>(a));
+        _mm256_add_ps(los, his)
+    }
+
+    /// One row of 64 at `k` against the query in `qv`: [`dot_inline`]'s
+    /// four accumulators, combined as `(acc0 + acc1) + (acc2 + acc3)`.
+    #[inline(always)]
+    unsafe fn row_sum<E: KvElem>(qv: &[__m256; 8], k: *const E) -> __m256 {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for (i, acc) in acc.iter_mut().enumerate() {
+            *acc = _mm256_fmadd_ps(qv[i], E::load8(k.add(8 * i)), *acc);
+            *acc = _mm256_fmadd_ps(qv[4 + i], E::load8(k.add(32 + 8 * i)), *acc);
+        }
+        _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))
+    }
+
+    /// AVX2 [`axpy_rows`](super::axpy_rows). For 64-wide heads, up to
+    /// three heads at a time, one 32-lane half of their outputs after the
+    /// other, each half in twelve registers (four per head) fed by one load
+    /// of the half of each V row, so a half-width row is widened once for
+    /// all three heads; other widths, [`axpy`] per head and row. Per lane,
+    /// the same fused multiply-adds in the same order as [`axpy`] per row.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn axpy_rows<E: KvElem>(p: &[f32], rows: &[E], out: &mut [f32]) {
-        let hd = out.len();
+    pub(super) unsafe fn axpy_rows<E: KvElem>(
+        layout: HeadsLayout,
+        p: &[f32],
+        rows: &[E],
+        out: &mut [f32],
+    ) {
+        let hd = layout.head_dim;
         if hd != 64 {
-            for (&p, row) in p.iter().zip(rows.chunks_exact(hd.max(1))) {
-                axpy(p, row, out);
+            for h in 0..layout.heads {
+                let p = &p[h * layout.score_stride..][..layout.keys];
+                let out = &mut out[h * layout.head_stride..][..hd];
+                for (&p, row) in p.iter().zip(rows.chunks_exact(hd.max(1))) {
+                    axpy(p, row, out);
+                }
             }
             return;
         }
-        let po = out.as_mut_ptr();
-        let mut acc = [_mm256_setzero_ps(); 8];
-        for (k, acc) in acc.iter_mut().enumerate() {
-            *acc = _mm256_loadu_ps(po.add(8 * k));
+        let mut h = 0;
+        while h < layout.heads {
+            for half in [0, 32] {
+                match layout.heads - h {
+                    1 => heads_half_64::<E, 1>(layout, h, half, p, rows, out),
+                    2 => heads_half_64::<E, 2>(layout, h, half, p, rows, out),
+                    _ => heads_half_64::<E, 3>(layout, h, half, p, rows, out),
+                }
+            }
+            h += 3;
         }
-        for (j, &p) in p.iter().enumerate() {
-            let a = _mm256_set1_ps(p);
-            let row = rows.as_ptr().add(j * 64);
+    }
+
+    /// Lanes `half..half + 32` of heads `first..first + G` of
+    /// [`axpy_rows`]. The V loads go one at a time, each into the `G`
+    /// heads' accumulators for its lanes, so that the `G` weights, one V
+    /// vector and `4 G` accumulators fit in sixteen registers.
+    #[inline(always)]
+    unsafe fn heads_half_64<E: KvElem, const G: usize>(
+        layout: HeadsLayout,
+        first: usize,
+        half: usize,
+        p: &[f32],
+        rows: &[E],
+        out: &mut [f32],
+    ) {
+        let po = out.as_mut_ptr().add(first * layout.head_stride + half);
+        let pp = p.as_ptr().add(first * layout.score_stride);
+        let mut acc = [[_mm256_setzero_ps(); 4]; G];
+        for (g, acc) in acc.iter_mut().enumerate() {
             for (k, acc) in acc.iter_mut().enumerate() {
-                *acc = _mm256_fmadd_ps(a, E::load8(row.add(8 * k)), *acc);
+                *acc = _mm256_loadu_ps(po.add(g * layout.head_stride + 8 * k));
             }
         }
-        for (k, acc) in acc.iter().enumerate() {
-            _mm256_storeu_ps(po.add(8 * k), *acc);
+        for j in 0..layout.keys {
+            let row = rows.as_ptr().add(j * 64 + half);
+            let mut a = [_mm256_setzero_ps(); G];
+            for (g, a) in a.iter_mut().enumerate() {
+                *a = _mm256_set1_ps(*pp.add(g * layout.score_stride + j));
+            }
+            for k in 0..4 {
+                let v = E::load8(row.add(8 * k));
+                for (acc, a) in acc.iter_mut().zip(a) {
+                    acc[k] = _mm256_fmadd_ps(a, v, acc[k]);
+                }
+            }
+        }
+        for (g, acc) in acc.iter().enumerate() {
+            for (k, acc) in acc.iter().enumerate() {
+                _mm256_storeu_ps(po.add(g * layout.head_stride + 8 * k), *acc);
+            }
         }
     }
 }
@@ -241,8 +399,8 @@ mod avx512 {
     use super::super::vector::avx2::dot_inline;
     use super::{HeadsLayout, KvElem};
 
-    /// AVX-512 [`dot_rows_scaled`](super::dot_rows_scaled) for 64-wide
-    /// rows: eight rows at a time, the rest as [`dot_inline`] (the same
+    /// One head of AVX-512 [`dot_rows_scaled`](super::dot_rows_scaled)
+    /// for 64-wide rows: eight rows at a time, the rest as [`dot_inline`] (the same
     /// bits either way).
     #[target_feature(enable = "avx2,fma,f16c,avx512f")]
     pub(super) unsafe fn dot_rows_scaled_64<E: KvElem>(
@@ -355,12 +513,12 @@ mod avx512 {
         rows: &[E],
         out: &mut [f32],
     ) {
-        let po = out.as_mut_ptr().add(first * layout.out_stride);
-        let pp = p.as_ptr().add(first * layout.p_stride);
+        let po = out.as_mut_ptr().add(first * layout.head_stride);
+        let pp = p.as_ptr().add(first * layout.score_stride);
         let mut acc = [[_mm512_setzero_ps(); 4]; G];
         for (g, acc) in acc.iter_mut().enumerate() {
             for (k, acc) in acc.iter_mut().enumerate() {
-                *acc = _mm512_loadu_ps(po.add(g * layout.out_stride + 16 * k));
+                *acc = _mm512_loadu_ps(po.add(g * layout.head_stride + 16 * k));
             }
         }
         for j in 0..layout.keys {
@@ -372,7 +530,7 @@ mod avx512 {
                 E::load16(row.add(48)),
             ];
             for (g, acc) in acc.iter_mut().enumerate() {
-                let a = _mm512_set1_ps(*pp.add(g * layout.p_stride + j));
+                let a = _mm512_set1_ps(*pp.add(g * layout.score_stride + j));
                 for (acc, v) in acc.iter_mut().zip(v) {
                     *acc = _mm512_fmadd_ps(a, v, *acc);
                 }
@@ -380,7 +538,7 @@ mod avx512 {
         }
         for (g, acc) in acc.iter().enumerate() {
             for (k, acc) in acc.iter().enumerate() {
-                _mm512_storeu_ps(po.add(g * layout.out_stride + 16 * k), *acc);
+                _mm512_storeu_ps(po.add(g * layout.head_stride + 16 * k), *acc);
             }
         }
     }
@@ -394,64 +552,64 @@ mod tests {
     use crate::kernels::testutil::Rng;
     use crate::kernels::{axpy, dot};
 
-    /// Random tiles of `hd`-wide rows (16, 16 and 5 rows, each with 3 values
-    /// to spare past the last row), stored as `E`.
-    fn tiles<E: KvElem>(rng: &mut Rng, hd: usize, round: fn(f32) -> E) -> Vec<(Vec<f32>, Vec<E>)> {
-        [16, 16, 5]
+    /// Random tiles of `hd`-wide rows (16, 21 and 5 rows: groups of eight
+    /// with and without a tail, and a tail alone; each with 3 values to
+    /// spare past the last row), stored as `E`.
+    fn tiles<E: KvElem>(rng: &mut Rng, hd: usize, round: fn(f32) -> E) -> Vec<Vec<E>> {
+        [16, 21, 5]
             .iter()
-            .map(|&n| {
-                let rows = rng.normals(n * hd + 3).into_iter().map(round).collect();
-                (rng.normals(n), rows)
-            })
+            .map(|&n| rng.normals(n * hd + 3).into_iter().map(round).collect())
             .collect()
     }
 
     /// The tile kernels over `E` rows give exactly what `dot` and `axpy`
     /// give per row on the rows widened to f32 (the 64-wide register paths
-    /// included), so batch invariance and the kernel families' agreement
-    /// carry over to every cache type.
+    /// and the heads sharing a row included), so batch invariance and the
+    /// kernel families' agreement carry over to every cache type.
     fn equal_dot_and_axpy_per_row<E: KvElem>(seed: u64, round: fn(f32) -> E) {
         let mut rng = Rng::new(seed);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         for hd in [64, 48, 13, 1] {
-            let q = rng.normals(hd);
             let tiles = tiles(&mut rng, hd, round);
             let widened = |rows: &[E]| rows.iter().map(|e| e.to_f32()).collect::<Vec<f32>>();
-            for (p, rows) in &tiles {
-                let mut got = vec![0f32; p.len()];
-                dot_rows_scaled(&q, rows, 0.125, &mut got);
-                let rows = widened(rows);
-                for (j, g) in got.iter().enumerate() {
-                    let want = dot(&q, &rows[j * hd..(j + 1) * hd]) * 0.125;
-                    assert_eq!(g.to_bits(), want.to_bits(), "hd {hd} row {j}");
-                }
-            }
-            // Up to four heads, their weights and outputs interleaved with
-            // unused floats, each tile adding to what the last left.
+            // Up to four heads, their vectors and scores interleaved with
+            // unused floats; each V tile adds to what the last left.
             for heads in 1..=4 {
-                let (p_stride, out_stride) = (19, hd + 5);
-                let start = rng.normals(heads * out_stride);
-                let mut want = start.clone();
-                let mut got = start;
-                for (_, rows) in &tiles {
+                let (score_stride, head_stride) = (23, hd + 5);
+                let q = rng.normals(heads * head_stride);
+                let start = rng.normals(heads * head_stride);
+                let (mut want, mut got) = (start.clone(), start);
+                for rows in &tiles {
                     let keys = (rows.len() - 3) / hd;
-                    let p = rng.normals(heads * p_stride);
-                    let wide = widened(rows);
-                    for h in 0..heads {
-                        let out = &mut want[h * out_stride..][..hd];
-                        for j in 0..keys {
-                            axpy(p[h * p_stride + j], &wide[j * hd..(j + 1) * hd], out);
-                        }
-                    }
                     let layout = HeadsLayout {
                         heads,
                         keys,
                         head_dim: hd,
-                        p_stride,
-                        out_stride,
+                        score_stride,
+                        head_stride,
                     };
+                    let wide = widened(rows);
+                    let row = |j: usize| &wide[j * hd..(j + 1) * hd];
+                    let untouched = rng.normals(heads * score_stride);
+                    let (mut scores, mut want_scores) = (untouched.clone(), untouched);
+                    for h in 0..heads {
+                        let q = &q[h * head_stride..][..hd];
+                        for j in 0..keys {
+                            want_scores[h * score_stride + j] = dot(q, row(j)) * 0.125;
+                        }
+                    }
+                    dot_rows_scaled(layout, &q, rows, 0.125, &mut scores);
+                    assert_eq!(bits(&scores), bits(&want_scores), "hd {hd}, {heads} heads");
+
+                    let p = rng.normals(heads * score_stride);
+                    for h in 0..heads {
+                        let out = &mut want[h * head_stride..][..hd];
+                        for j in 0..keys {
+                            axpy(p[h * score_stride + j], row(j), out);
+                        }
+                    }
                     axpy_rows(layout, &p, rows, &mut got);
                 }
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&got), bits(&want), "hd {hd}, {heads} heads");
             }
         }

@@ -375,15 +375,15 @@ impl<'a, E: KvElem> HeadKv<'a, E> {
                 }
                 prefetch(v);
             }
-            let n = k.len() / hd;
-            for h in 0..heads {
-                dot_rows_scaled(
-                    &q[h * hd..(h + 1) * hd],
-                    k,
-                    scale,
-                    &mut scores[row(h, first, n)],
-                );
-            }
+            let layout = HeadsLayout {
+                heads,
+                keys: k.len() / hd,
+                head_dim: hd,
+                score_stride: CHUNK_TOKENS,
+                head_stride: hd,
+            };
+            let scores = &mut scores[row(0, first, 0).start..];
+            dot_rows_scaled(layout, q, k, scale, scores);
         }
         for h in 0..heads {
             let (max, sum) = softmax_parts(&mut scores[row(h, start, keys.len())]);
@@ -397,8 +397,8 @@ impl<'a, E: KvElem> HeadKv<'a, E> {
                 heads,
                 keys: v.len() / hd,
                 head_dim: hd,
-                p_stride: CHUNK_TOKENS,
-                out_stride: part,
+                score_stride: CHUNK_TOKENS,
+                head_stride: part,
             };
             axpy_rows(
                 layout,
