@@ -15,7 +15,8 @@
 //! reduced by the same tree; a weighted sum is the same fused
 //! multiply-add per lane and key, with up to three heads sharing each V row
 //! so that twelve independent accumulators keep both FMA units busy (one
-//! head's four would wait on each other's latency).
+//! head's four would wait on each other's latency). Their score pass over
+//! half-width K widens a few rows at a time into f32 once for all the heads.
 
 use super::kv_elem::KvElem;
 use super::vector::{axpy_portable, dot_portable};
@@ -74,15 +75,17 @@ pub fn dot_rows_scaled<E: KvElem>(
     let hd = layout.head_dim;
     let rows = &rows[..layout.keys * hd];
     #[cfg(target_arch = "x86_64")]
-    if hd == 64
-        && std::mem::size_of::<E>() < 4
-        && super::cpu::has_avx2()
-        && !super::cpu::has_avx512()
-    {
-        // SAFETY: the AVX2 family (AVX2, FMA, F16C) is present; every
-        // head's query and scores, and every row, lie inside (checked
-        // above).
-        unsafe { avx2::dot_rows_shared_64(layout, q, rows, scale, scores) };
+    if hd == 64 && std::mem::size_of::<E>() < 4 && super::cpu::has_avx2() {
+        // SAFETY: the AVX2 family (AVX2, FMA, F16C), and with
+        // `has_avx512` AVX-512 F, is present; every head's query and
+        // scores, and every row, lie inside (checked above).
+        unsafe {
+            if super::cpu::has_avx512() {
+                avx512::dot_rows_widened_64(layout, q, rows, scale, scores);
+            } else {
+                avx2::dot_rows_shared_64(layout, q, rows, scale, scores);
+            }
+        }
         return;
     }
     for h in 0..layout.heads {
@@ -398,6 +401,49 @@ mod avx512 {
 
     use super::super::vector::avx2::dot_inline;
     use super::{HeadsLayout, KvElem};
+
+    /// Rows widened at a time by [`dot_rows_widened_64`]: 4 KiB of f32,
+    /// which stay in L1 while every head reads them.
+    const SLAB: usize = 16;
+
+    /// [`SLAB`] rows of 64 widened to f32, on the stack.
+    #[repr(C, align(64))]
+    struct Slab([f32; SLAB * 64]);
+
+    /// AVX-512 [`dot_rows_scaled`](super::dot_rows_scaled) of half-width
+    /// 64-wide rows: [`SLAB`] rows at a time are widened once into f32 and
+    /// every head runs [`dot_rows_scaled_64`] over them. Widening is
+    /// exact, so the bits are those of each head widening the rows itself,
+    /// with a third of the conversions for SmolLM2's three heads per KV
+    /// head (a 512-bit `vcvtph2ps` costs about what the multiply-adds it
+    /// feeds do). Sharing one widened row in registers, as the AVX2 kernel
+    /// does, would need the three queries (twelve registers), the row's
+    /// four and every head's partial sums of the eight-row tree at once.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    pub(super) unsafe fn dot_rows_widened_64<E: KvElem>(
+        layout: HeadsLayout,
+        q: &[f32],
+        rows: &[E],
+        scale: f32,
+        scores: &mut [f32],
+    ) {
+        let mut slab = std::mem::MaybeUninit::<Slab>::uninit();
+        let wide = slab.as_mut_ptr().cast::<f32>();
+        for first in (0..layout.keys).step_by(SLAB) {
+            let n = SLAB.min(layout.keys - first);
+            let src = rows.as_ptr().add(first * 64);
+            for i in 0..4 * n {
+                _mm512_store_ps(wide.add(16 * i), E::load16(src.add(16 * i)));
+            }
+            // SAFETY: the first `n` rows of the slab were written above.
+            let widened = std::slice::from_raw_parts(wide, n * 64);
+            for h in 0..layout.heads {
+                let q = &q[h * layout.head_stride..][..64];
+                let scores = &mut scores[h * layout.score_stride + first..][..n];
+                dot_rows_scaled_64(q, widened, scale, scores);
+            }
+        }
+    }
 
     /// One head of AVX-512 [`dot_rows_scaled`](super::dot_rows_scaled)
     /// for 64-wide rows: eight rows at a time, the rest as [`dot_inline`] (the same
