@@ -17,13 +17,17 @@
 //!   (kept by [`Q8Acts`](super::quant::Q8Acts)): exact, one XOR per vector
 //!   shared by the tile's tokens and one broadcast per block and token.
 //!
+//! Like the AVX2 kernels, the first tile of tokens over a group asks for
+//! the weights a little way ahead ([`prefetch_ahead`]): decode streams each
+//! matrix from memory once.
+//!
 //! The float part is the scalar path's, per lane: `acc += (d_w * d_x) *
 //! isum (+ m_w * s_x)`, block after block, without FMA. So the result is
 //! bit for bit [`gemv_rows_scalar`](super::gemv::gemv_rows_scalar)'s.
 
 use std::arch::x86_64::*;
 
-use super::group_tiles::{GroupTiles, Job, Place, Tokens};
+use super::group_tiles::{prefetch_ahead, GroupTiles, Job, Place, Tokens};
 use super::interleaved::{q4_record, q8_quants, AVX512_GROUP};
 use super::weights::QK;
 
@@ -59,8 +63,12 @@ impl GroupTiles for Avx512 {
     ) {
         let low4 = _mm512_set1_epi8(0x0F);
         let mut acc = [_mm512_setzero_ps(); NT];
+        let ahead = x.t0 == 0;
         for b in 0..blocks {
             let rec = records.add(b * q4_record(AVX512_GROUP));
+            if ahead {
+                prefetch_ahead(rec, q4_record(AVX512_GROUP));
+            }
             let mut sums = [_mm512_setzero_si512(); NT];
             for s in 0..4 {
                 let raw = _mm512_load_si512(rec.add(64 * s).cast());
@@ -96,8 +104,13 @@ impl GroupTiles for Avx512 {
     ) {
         let bias = _mm512_set1_epi8(-128);
         let mut acc = [_mm512_setzero_ps(); NT];
+        let ahead = x.t0 == 0;
         for b in 0..blocks {
             let rec = qs.add(b * q8_quants(AVX512_GROUP));
+            if ahead {
+                prefetch_ahead(rec, q8_quants(AVX512_GROUP));
+                prefetch_ahead(d.add(b * AVX512_GROUP).cast(), 1);
+            }
             // sum((w + 128) x) - 128 sum(x) = sum(w x), exactly.
             let mut sums = [_mm512_setzero_si512(); NT];
             for (t, sums) in sums.iter_mut().enumerate() {

@@ -23,8 +23,8 @@
 //!
 //! Decode reads each matrix from memory once, and on some cores (AMD Zen 1)
 //! the hardware prefetcher alone leaves a core waiting on every few lines;
-//! so the first tile of tokens over a group also asks for the weights
-//! [`PREFETCH_AHEAD`] bytes on (later tiles find the group in L1).
+//! so the first tile of tokens over a group also asks for the weights a
+//! little way ahead ([`prefetch_ahead`]; later tiles find the group in L1).
 //!
 //! The float part is the scalar path's, per lane: `acc += (d_w * d_x) *
 //! isum (+ m_w * s_x)`, block after block, without FMA. So the result is
@@ -32,7 +32,7 @@
 
 use std::arch::x86_64::*;
 
-use super::group_tiles::{GroupTiles, Job, Place, Tokens};
+use super::group_tiles::{prefetch_ahead, GroupTiles, Job, Place, Tokens};
 use super::interleaved::{q4_record, q8_quants, AVX2_GROUP};
 use super::weights::QK;
 
@@ -45,23 +45,6 @@ use super::weights::QK;
 #[target_feature(enable = "avx2,f16c")]
 pub(crate) unsafe fn gemv_rows(job: Job) {
     super::group_tiles::gemv_rows::<Avx2>(job);
-}
-
-/// How far ahead of the block being multiplied the kernels ask for
-/// weights, in bytes: about 200 ns of one core's stream at 10 GB/s, which
-/// covers a DRAM miss. On AMD Zen 1 this raised tg128 from 115 to 150
-/// tokens/s on two threads, 64 to 91 on one (1,536 to 4,096 measured
-/// alike; 512 gave 133).
-const PREFETCH_AHEAD: usize = 2048;
-
-/// Asks for the `bytes` at `PREFETCH_AHEAD` past `at`, line by line: a
-/// hint, which changes no result and cannot fault (past a matrix's end it
-/// names memory that is never read).
-#[inline(always)]
-unsafe fn prefetch_ahead(at: *const u8, bytes: usize) {
-    for line in (0..bytes).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH_AHEAD + line).cast());
-    }
 }
 
 /// The AVX2 [`GroupTiles`].
