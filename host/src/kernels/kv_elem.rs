@@ -16,7 +16,7 @@ use half::{bf16, f16};
 ///
 /// # Safety
 /// All-zero bytes must be the value 0.0 and every bit pattern a valid
-/// value: the cache takes its memory zeroed from the allocator and hands
+/// value: the cache takes its memory zeroed from the system and hands
 /// it out as `&[Self]`.
 pub unsafe trait KvElem: Copy + Send + Sync + 'static {
     /// The value as f32 (exact).
