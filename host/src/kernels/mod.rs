@@ -11,6 +11,8 @@
 //!   [`RopeTable`] are the per-row pieces of a llama block.
 //! - [`ThreadPool`] runs a parallel section on all cores with ~1 µs
 //!   overhead while busy and 0% CPU while idle.
+//! - [`pack_weights`] moves a model's repacked matrices onto huge pages,
+//!   where the KV cache lives too (`Pages`): a decode reads both in full.
 //!
 //! x86-64 CPUs with AVX2 + FMA + F16C get SIMD versions, and those with
 //! AVX-512 VNNI (or AVX-VNNI) too get `vpdpbusd` versions of the quantized
@@ -60,7 +62,7 @@ pub use pool::{ThreadPool, SPIN_WINDOW};
 pub use rope::RopeTable;
 pub use tiles::{axpy_rows, dot_rows_scaled, prefetch, HeadsLayout};
 pub use vector::{axpy, dot, rms_norm, silu_mul, softmax_parts};
-pub use weights::WeightMatrix;
+pub use weights::{pack_weights, WeightMatrix};
 
 pub use crate::model::DType;
 

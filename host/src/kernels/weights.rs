@@ -159,6 +159,18 @@ impl WeightMatrix {
         self.dtype
     }
 
+    /// Its quantized bytes, the bulk of a quantized matrix; `None` for the
+    /// float types.
+    fn quants_mut(&mut self) -> Option<&mut AlignedBytes> {
+        match &mut self.data {
+            Packed::F32(_) | Packed::F16(_) | Packed::BF16(_) => None,
+            Packed::Q8 { qs, .. }
+            | Packed::Q4 { qs, .. }
+            | Packed::Q8Interleaved { qs, .. }
+            | Packed::Q4Interleaved { data: qs, .. } => Some(qs),
+        }
+    }
+
     /// Writes row `row` as f32 into `out` (`cols` long): the embedding lookup.
     ///
     /// Panics if `row >= rows` or `out.len() != cols` (caller bugs).
@@ -235,6 +247,18 @@ impl WeightMatrix {
             }
         }
     }
+}
+
+/// Moves the quantized bytes of `matrices` (a model's, all loaded) into
+/// one allocation on huge pages, values unchanged: a decode reads every
+/// weight once per token, and on 4 KiB pages nearly every page of them
+/// costs a TLB miss (see [`aligned::pack`](super::aligned::pack)).
+pub fn pack_weights<'a>(matrices: impl IntoIterator<Item = &'a mut WeightMatrix>) {
+    let mut quants: Vec<&mut AlignedBytes> = matrices
+        .into_iter()
+        .filter_map(WeightMatrix::quants_mut)
+        .collect();
+    super::aligned::pack(&mut quants);
 }
 
 /// One 8-bit block as 32 floats.

@@ -18,7 +18,9 @@ use super::scratch::Scratch;
 use super::{Logits, LogitsSink, LogitsSpan, RunnerError};
 use crate::config::CacheDtype;
 use crate::distributed::TpGroup;
-use crate::kernels::{matmul_with, rms_norm, MatmulPath, RopeTable, ThreadPool, WeightMatrix};
+use crate::kernels::{
+    matmul_with, pack_weights, rms_norm, MatmulPath, RopeTable, ThreadPool, WeightMatrix,
+};
 use crate::model::{check, shard, LlamaConfig, ModelWeights};
 
 /// Limits of the steps a runner accepts, and how it computes them.
@@ -93,16 +95,24 @@ impl CpuModelRunner {
                 limits.max_model_len, c.max_position_embeddings
             )));
         }
-        let layers = weights
+        let mut layers = weights
             .layers
             .iter()
             .map(Layer::new)
             .collect::<Result<Vec<_>, _>>()?;
-        let lm_head = weights.lm_head.as_ref().map(weight_matrix).transpose()?;
+        let mut lm_head = weights.lm_head.as_ref().map(weight_matrix).transpose()?;
+        let mut embed = weight_matrix(&weights.embed)?;
+        pack_weights(
+            layers
+                .iter_mut()
+                .flat_map(Layer::matrices_mut)
+                .chain([&mut embed])
+                .chain(lm_head.as_mut()),
+        );
         Ok(CpuModelRunner {
             config: c.clone(),
             limits,
-            embed: weight_matrix(&weights.embed)?,
+            embed,
             lm_head,
             layers,
             final_norm: norm_weight(&weights.final_norm),

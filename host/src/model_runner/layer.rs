@@ -94,6 +94,16 @@ impl Layer {
             w_down: weight_matrix(&w.w_down)?,
         })
     }
+
+    /// Its weight matrices.
+    pub fn matrices_mut(&mut self) -> [&mut WeightMatrix; 4] {
+        [
+            &mut self.wqkv,
+            &mut self.wo,
+            &mut self.w_gate_up,
+            &mut self.w_down,
+        ]
+    }
 }
 
 /// What a block's forward pass needs besides its weights and buffers.
