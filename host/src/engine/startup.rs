@@ -283,19 +283,6 @@ fn tokenizer_from(model: &Path, explicit: Option<&Path>) -> anyhow::Result<Token
     Ok(Tokenizer::from_gguf(&gguf)?)
 }
 
-/// Hands the memory start-up freed (the GGUF's parsed metadata, the
-/// tokenizer, repacking scratch) back to the system: glibc keeps freed heap
-/// pages mapped, and the process's resident size would count them for its
-/// whole life.
-pub fn release_freed_memory() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only returns free pages of the allocator's own
-    // arenas; it touches no live allocation.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 /// A spinner on stderr while the model loads (indicatif draws it only on a
 /// terminal, so logs and pipes stay clean).
 fn spinner(message: String) -> ProgressBar {

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::pages::Pages;
+use super::pages::{release_freed_heap, Pages};
 
 /// One cache line; the unit of allocation of [`AlignedBytes`].
 #[derive(Clone, Copy)]
@@ -98,11 +98,19 @@ impl AlignedBytes {
     }
 }
 
+/// Bytes [`pack`] frees between two calls of [`release_freed_heap`]: each
+/// call walks the heap, and a few dozen over a model are nothing beside its
+/// load, while the peak stays within this of the weights' size.
+const RELEASE_EVERY: usize = 4 << 20;
+
 /// Moves `buffers` into one mapping of their total size on huge pages
 /// ([`Pages`]), contents unchanged. For the weights of a model, read in
 /// full for every decoded token: each matrix alone is too small for a
-/// 2 MiB page, all of them together take a few dozen. Where the mapping
-/// is refused the buffers stay where they are (only speed is lost).
+/// 2 MiB page, all of them together take a few dozen. Each buffer's own
+/// allocation is freed as soon as it is copied, and the freed heap given
+/// back every [`RELEASE_EVERY`] bytes, so the weights are held about once
+/// meanwhile, not twice. Where the mapping is refused the buffers stay
+/// where they are (only speed is lost).
 pub(crate) fn pack(buffers: &mut [&mut AlignedBytes]) {
     let count = |b: &AlignedBytes| b.len.div_ceil(64);
     let total = buffers.iter().map(|b| count(b)).sum();
@@ -110,11 +118,18 @@ pub(crate) fn pack(buffers: &mut [&mut AlignedBytes]) {
     let Ok(mut arena) = (unsafe { Pages::<Line>::zeroed(total) }) else {
         return;
     };
-    let mut at = 0;
-    for b in buffers.iter() {
+    let (mut at, mut freed) = (0, 0);
+    for b in buffers.iter_mut() {
         arena[at..at + count(b)].copy_from_slice(&b.lines()[..count(b)]);
         at += count(b);
+        b.lines = Lines::default();
+        freed += b.len;
+        if freed >= RELEASE_EVERY {
+            release_freed_heap();
+            freed = 0;
+        }
     }
+    release_freed_heap();
     let arena = Arc::new(arena);
     let mut start = 0;
     for b in buffers.iter_mut() {

@@ -208,6 +208,9 @@ impl CpuModelRunner {
     /// the embedding, the final norm or the LM head) after it changed, so
     /// the next step uses it (vLLM's `update_weights`). The KV cache is
     /// kept: entries written with the old weights stay until overwritten.
+    /// A reloaded matrix gets an allocation of its own, off the huge pages
+    /// [`pack_weights`] gave the rest, whose old bytes stay with them until
+    /// the runner is dropped (at most one more copy of the weights).
     pub fn reload_weight(&mut self, weights: &ModelWeights, name: &str) -> Result<(), RunnerError> {
         // A tensor-parallel rank holds its shard: prepare that shard.
         let sharded;
