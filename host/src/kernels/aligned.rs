@@ -4,7 +4,8 @@
 
 use std::sync::Arc;
 
-use super::pages::{release_freed_heap, Pages};
+use super::pages::Pages;
+use crate::model::release_freed_heap;
 
 /// One cache line; the unit of allocation of [`AlignedBytes`].
 #[derive(Clone, Copy)]

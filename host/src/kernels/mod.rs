@@ -57,7 +57,6 @@ mod weights;
 pub use cpu::{cpu_description, CpuKernels, KERNELS_ENV};
 pub use kv_elem::KvElem;
 pub use matmul::{matmul, matmul_on, matmul_with, MatmulPath};
-pub use pages::release_freed_heap;
 pub(crate) use pages::Pages;
 pub use pool::{ThreadPool, SPIN_WINDOW};
 pub use rope::RopeTable;

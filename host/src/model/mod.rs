@@ -246,3 +246,15 @@ impl ModelWeights {
         self.lm_head.as_ref().unwrap_or(&self.embed)
     }
 }
+
+/// Hands the heap memory freed so far (by a load, a repack) back to the
+/// system: glibc keeps freed heap pages mapped, and the process's resident
+/// size counts them until they are reused. A no-op with other C libraries.
+pub fn release_freed_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only returns free pages of the allocator's own
+    // arenas; it touches no live allocation.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}

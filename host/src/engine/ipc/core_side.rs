@@ -68,7 +68,7 @@ fn start(
     drop(tokenizer);
     // Start-up freed the GGUF's parsed metadata, the tokenizer and the
     // repacking scratch; give their pages back for the process's life.
-    crate::kernels::release_freed_heap();
+    crate::model::release_freed_heap();
     if config.parallel.data_parallel_size > 1 {
         // The API server routes by what each rank's prefix cache holds.
         core = core.with_routed_kv_events();
