@@ -368,6 +368,11 @@ impl<'a, E: KvElem> HeadKv<'a, E> {
             at..at + n
         };
         let mut pieces = self.tiles(keys.clone()).peekable();
+        if self.prefetch {
+            if let Some((_, k, _)) = pieces.peek() {
+                prefetch(k);
+            }
+        }
         while let Some((first, k, v)) = pieces.next() {
             if self.prefetch {
                 if let Some((_, next_k, _)) = pieces.peek() {
