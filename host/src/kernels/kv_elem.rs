@@ -26,6 +26,10 @@ pub unsafe trait KvElem: Copy + Send + Sync + 'static {
     /// lengths.
     fn store(src: &[f32], dst: &mut [Self]);
 
+    /// `dst[i] = src[i]` widened to f32 (exactly); the slices have equal
+    /// lengths.
+    fn widen(src: &[Self], dst: &mut [f32]);
+
     /// Eight consecutive values at `p`, widened to f32.
     ///
     /// # Safety
@@ -52,6 +56,10 @@ unsafe impl KvElem for f32 {
         dst.copy_from_slice(src);
     }
 
+    fn widen(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
@@ -75,6 +83,10 @@ unsafe impl KvElem for f16 {
 
     fn store(src: &[f32], dst: &mut [f16]) {
         dst.convert_from_f32_slice(src);
+    }
+
+    fn widen(src: &[f16], dst: &mut [f32]) {
+        widen_with_loads(src, dst);
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -104,6 +116,10 @@ unsafe impl KvElem for bf16 {
         dst.convert_from_f32_slice(src);
     }
 
+    fn widen(src: &[bf16], dst: &mut [f32]) {
+        widen_with_loads(src, dst);
+    }
+
     /// A bfloat16 is the top half of an f32: widen each to 32 bits and
     /// shift it up.
     #[cfg(target_arch = "x86_64")]
@@ -122,6 +138,55 @@ unsafe impl KvElem for bf16 {
         _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
             _mm256_loadu_si256(p.cast()),
         )))
+    }
+}
+
+/// [`KvElem::widen`] through the type's own vector loads, sixteen or eight
+/// values at a time as the active kernel family allows (a library call per
+/// eight values cost attention's prefill over a half-width cache a fifth
+/// of what widening saved), the rest one at a time.
+fn widen_with_loads<E: KvElem>(src: &[E], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len(), "widen: slices of unequal length");
+    #[allow(unused_mut)]
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::*;
+
+        /// Widens the first multiple of 16 values; returns how many.
+        ///
+        /// # Safety
+        /// The slices have equal lengths and the CPU has AVX-512 F.
+        #[target_feature(enable = "avx512f")]
+        unsafe fn wide16<E: KvElem>(src: &[E], dst: &mut [f32]) -> usize {
+            let n = src.len() / 16 * 16;
+            for i in (0..n).step_by(16) {
+                _mm512_storeu_ps(dst.as_mut_ptr().add(i), E::load16(src.as_ptr().add(i)));
+            }
+            n
+        }
+        /// Widens the first multiple of 8 values; returns how many.
+        ///
+        /// # Safety
+        /// The slices have equal lengths and the CPU has AVX2, FMA, F16C.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn wide8<E: KvElem>(src: &[E], dst: &mut [f32]) -> usize {
+            let n = src.len() / 8 * 8;
+            for i in (0..n).step_by(8) {
+                _mm256_storeu_ps(dst.as_mut_ptr().add(i), E::load8(src.as_ptr().add(i)));
+            }
+            n
+        }
+        // SAFETY: equal lengths (asserted); each family's loads run only
+        // where it is active.
+        if super::cpu::has_avx512() {
+            done = unsafe { wide16(src, dst) };
+        } else if super::cpu::has_avx2() {
+            done = unsafe { wide8(src, dst) };
+        }
+    }
+    for (d, s) in dst[done..].iter_mut().zip(&src[done..]) {
+        *d = s.to_f32();
     }
 }
 
@@ -149,8 +214,8 @@ mod tests {
     }
 
     /// Storing then loading gives the value rounded as the `half` crate
-    /// rounds it (round to nearest even), through the scalar and the AVX2
-    /// loads alike.
+    /// rounds it (round to nearest even), through the scalar loads, the
+    /// slice widening and the AVX2 and AVX-512 loads alike.
     fn round_trips<E: KvElem + PartialEq + std::fmt::Debug>(round: fn(f32) -> E) {
         let src = samples();
         let zero: E = round(0.0);
@@ -158,6 +223,14 @@ mod tests {
         E::store(&src, &mut stored);
         for (s, &x) in stored.iter().zip(&src) {
             assert_eq!(s.to_f32().to_bits(), round(x).to_f32().to_bits(), "{x}");
+        }
+        // Whole vectors and the tails after them (80 values, then 79, 71).
+        for skip in [0, 1, 9] {
+            let mut widened = vec![f32::NAN; src.len() - skip];
+            E::widen(&stored[skip..], &mut widened);
+            for (w, &x) in widened.iter().zip(&src[skip..]) {
+                assert_eq!(w.to_bits(), round(x).to_f32().to_bits(), "{x} widened");
+            }
         }
         #[cfg(target_arch = "x86_64")]
         {

@@ -15,7 +15,9 @@
 //! way each K and V tile is read once for all the query heads that share
 //! it, and an item of several queries runs them chunk by chunk, so a
 //! chunk's K and V (64 KiB in f32) are read from memory once and from L2
-//! for the rest of its queries.
+//! for the rest of its queries. A half-width cache's chunk is widened to
+//! f32 once for such an item rather than once per query (widening is
+//! exact, so the bits are the same).
 
 mod plan;
 #[cfg(test)]
@@ -87,8 +89,9 @@ impl AttnDims {
 /// Attention's working memory, sized once for the longest context.
 pub(crate) struct AttnScratch {
     /// Per thread: `group` rows of [`CHUNK_TOKENS`] scores, `group` chunk
-    /// records, then the running records of an item's queries
-    /// (`QUERIES_PER_ITEM × group`).
+    /// records, the running records of an item's queries
+    /// (`QUERIES_PER_ITEM × group`), then a chunk's K and V widened to f32
+    /// (`CHUNK_TOKENS × head_dim` each).
     per_thread: Vec<f32>,
     /// Threads it has room for.
     n_threads: usize,
@@ -115,6 +118,7 @@ impl AttnScratch {
     /// Floats of one thread's part of `per_thread`.
     fn thread_len(dims: AttnDims) -> usize {
         dims.group() * (CHUNK_TOKENS + (1 + QUERIES_PER_ITEM) * dims.part_len())
+            + 2 * CHUNK_TOKENS * dims.head_dim
     }
 }
 
@@ -218,7 +222,9 @@ fn attend<E: KvElem>(
         // (inside it: `tid < n_threads`, checked above).
         let mine = unsafe { thread_ptr.slice(tid * thread_len, thread_len) };
         let (scores, rest) = mine.split_at_mut(group * CHUNK_TOKENS);
-        let (record, running) = rest.split_at_mut(group * part);
+        let (record, rest) = rest.split_at_mut(group * part);
+        let (running, wide) = rest.split_at_mut(QUERIES_PER_ITEM * group * part);
+        let (wide_k, wide_v) = wide.split_at_mut(CHUNK_TOKENS * hd);
         loop {
             let i = next.fetch_add(1, Ordering::Relaxed);
             let Some(item) = args.plan.items.get(i) else {
@@ -251,15 +257,36 @@ fn attend<E: KvElem>(
             }
             // Chunk by chunk, each chunk for all the item's queries that
             // reach it; query `j`'s head `h` folds into running record
-            // `j * heads + h`.
+            // `j * heads + h`. Several queries over a half-width cache read
+            // the chunk widened once.
             let queries = item.q_begin..item.q_end;
-            for c in 0..chunks_of(s.pos(item.q_end - 1) + 1) {
+            let last = s.pos(item.q_end - 1);
+            let widen = queries.len() > 1 && std::mem::size_of::<E>() < 4;
+            for c in 0..chunks_of(last + 1) {
+                if widen {
+                    kv.widen_chunk(c, last, wide_k, wide_v);
+                }
                 for (j, qi) in queries.clone().enumerate() {
                     let pos = s.pos(qi);
                     if c >= chunks_of(pos + 1) {
                         continue;
                     }
-                    kv.chunk_partial(query(qi), pos, c, scores, record);
+                    if widen {
+                        let keys = chunk_keys(c, pos);
+                        let n = keys.len() * hd;
+                        let piece = (keys.start, &wide_k[..n], &wide_v[..n]);
+                        chunk_partial(
+                            dims,
+                            std::iter::once(piece),
+                            false,
+                            query(qi),
+                            keys,
+                            scores,
+                            record,
+                        );
+                    } else {
+                        kv.chunk_partial(query(qi), pos, c, scores, record);
+                    }
                     let mine = &mut running[j * item.heads * part..];
                     let records = record.chunks_exact(part).take(item.heads);
                     for (acc, r) in mine.chunks_exact_mut(part).zip(records) {
@@ -323,7 +350,7 @@ struct HeadKv<'a, E> {
 impl<'a, E: KvElem> HeadKv<'a, E> {
     /// The pieces of K and V that hold `keys`, in order, as (first key, K
     /// rows, V rows): a block's tile, or part of it at the range's ends.
-    fn tiles(&self, keys: Range<usize>) -> impl Iterator<Item = (usize, &'a [E], &'a [E])> {
+    fn tiles(&self, keys: Range<usize>) -> impl Iterator<Item = (usize, &'a [E], &'a [E])> + Clone {
         let (bs, hd) = (self.dims.block_size, self.dims.head_dim);
         let (cache, layer, table, kv_head) = (self.cache, self.layer, self.table, self.kv_head);
         let mut key = keys.start;
@@ -343,12 +370,8 @@ impl<'a, E: KvElem> HeadKv<'a, E> {
         })
     }
 
-    /// The partial results of chunk `chunk` of a query at `pos` for each
-    /// of its heads (`q`: the heads one after the other): head `h`'s record
-    /// `[max, sum, acc]` goes to `records[h * part_len..]`. `scores` holds
-    /// a [`CHUNK_TOKENS`] row per head. Each K and V piece is read once for
-    /// all the heads; per head the operations and their order are those of
-    /// one head alone.
+    /// The partial results of chunk `chunk` of a query at `pos` (see
+    /// [`chunk_partial`]), read from the cache's tiles.
     fn chunk_partial(
         &self,
         q: &[f32],
@@ -357,61 +380,103 @@ impl<'a, E: KvElem> HeadKv<'a, E> {
         scores: &mut [f32],
         records: &mut [f32],
     ) {
-        let (hd, part) = (self.dims.head_dim, self.dims.part_len());
-        let heads = q.len() / hd;
-        let start = chunk * CHUNK_TOKENS;
-        let keys = start..(start + CHUNK_TOKENS).min(pos + 1);
-        let scale = 1.0 / (hd as f32).sqrt();
-        // Head `h`'s scores of the `n` keys from `first`.
-        let row = |h: usize, first: usize, n: usize| {
-            let at = h * CHUNK_TOKENS + first - start;
-            at..at + n
+        let keys = chunk_keys(chunk, pos);
+        let pieces = self.tiles(keys.clone());
+        chunk_partial(self.dims, pieces, self.prefetch, q, keys, scores, records);
+    }
+
+    /// Chunk `chunk`'s K and V up to key `pos`, widened to f32 into the
+    /// front of `k` and `v` (`[key][head_dim]`, the chunk's first key
+    /// first).
+    fn widen_chunk(&self, chunk: usize, pos: usize, k: &mut [f32], v: &mut [f32]) {
+        let keys = chunk_keys(chunk, pos);
+        let hd = self.dims.head_dim;
+        for (first, kt, vt) in self.tiles(keys.clone()) {
+            let at = (first - keys.start) * hd;
+            E::widen(kt, &mut k[at..at + kt.len()]);
+            E::widen(vt, &mut v[at..at + vt.len()]);
+        }
+    }
+}
+
+/// The keys of chunk `chunk` of a query at `pos`.
+fn chunk_keys(chunk: usize, pos: usize) -> Range<usize> {
+    let start = chunk * CHUNK_TOKENS;
+    start..(start + CHUNK_TOKENS).min(pos + 1)
+}
+
+/// The partial results of one chunk of a query, its `keys`, for each of its
+/// heads (`q`: the heads one after the other): head `h`'s record `[max,
+/// sum, acc]` goes to `records[h * part_len..]`. `scores` holds a
+/// [`CHUNK_TOKENS`] row per head. `pieces` hold the chunk's K and V rows in
+/// order as (first key, K rows, V rows); each is read once for all the
+/// heads, and per head the operations and their order are those of one
+/// head alone, whatever the pieces (a row's score is its own dot product,
+/// and the weighted sum adds the rows in key order), so the bits do not
+/// depend on how the chunk is cut. With `prefetch`, each K piece is asked
+/// for a piece ahead and each V piece during the K pass.
+fn chunk_partial<'p, E: KvElem>(
+    dims: AttnDims,
+    pieces: impl Iterator<Item = (usize, &'p [E], &'p [E])> + Clone,
+    prefetch_ahead: bool,
+    q: &[f32],
+    keys: Range<usize>,
+    scores: &mut [f32],
+    records: &mut [f32],
+) {
+    let (hd, part) = (dims.head_dim, dims.part_len());
+    let heads = q.len() / hd;
+    let start = keys.start;
+    let scale = 1.0 / (hd as f32).sqrt();
+    // Head `h`'s scores of the `n` keys from `first`.
+    let row = |h: usize, first: usize, n: usize| {
+        let at = h * CHUNK_TOKENS + first - start;
+        at..at + n
+    };
+    let mut ahead = pieces.clone().peekable();
+    if prefetch_ahead {
+        if let Some((_, k, _)) = ahead.peek() {
+            prefetch(k);
+        }
+    }
+    while let Some((first, k, v)) = ahead.next() {
+        if prefetch_ahead {
+            if let Some((_, next_k, _)) = ahead.peek() {
+                prefetch(next_k);
+            }
+            prefetch(v);
+        }
+        let layout = HeadsLayout {
+            heads,
+            keys: k.len() / hd,
+            head_dim: hd,
+            score_stride: CHUNK_TOKENS,
+            head_stride: hd,
         };
-        let mut pieces = self.tiles(keys.clone()).peekable();
-        if self.prefetch {
-            if let Some((_, k, _)) = pieces.peek() {
-                prefetch(k);
-            }
-        }
-        while let Some((first, k, v)) = pieces.next() {
-            if self.prefetch {
-                if let Some((_, next_k, _)) = pieces.peek() {
-                    prefetch(next_k);
-                }
-                prefetch(v);
-            }
-            let layout = HeadsLayout {
-                heads,
-                keys: k.len() / hd,
-                head_dim: hd,
-                score_stride: CHUNK_TOKENS,
-                head_stride: hd,
-            };
-            let scores = &mut scores[row(0, first, 0).start..];
-            dot_rows_scaled(layout, q, k, scale, scores);
-        }
-        for h in 0..heads {
-            let (max, sum) = softmax_parts(&mut scores[row(h, start, keys.len())]);
-            let record = &mut records[h * part..][..part];
-            record[0] = max;
-            record[1] = sum;
-            record[2..].fill(0.0);
-        }
-        for (first, _, v) in self.tiles(keys) {
-            let layout = HeadsLayout {
-                heads,
-                keys: v.len() / hd,
-                head_dim: hd,
-                score_stride: CHUNK_TOKENS,
-                head_stride: part,
-            };
-            axpy_rows(
-                layout,
-                &scores[row(0, first, 0).start..],
-                v,
-                &mut records[2..],
-            );
-        }
+        let scores = &mut scores[row(0, first, 0).start..];
+        dot_rows_scaled(layout, q, k, scale, scores);
+    }
+    for h in 0..heads {
+        let (max, sum) = softmax_parts(&mut scores[row(h, start, keys.len())]);
+        let record = &mut records[h * part..][..part];
+        record[0] = max;
+        record[1] = sum;
+        record[2..].fill(0.0);
+    }
+    for (first, _, v) in pieces {
+        let layout = HeadsLayout {
+            heads,
+            keys: v.len() / hd,
+            head_dim: hd,
+            score_stride: CHUNK_TOKENS,
+            head_stride: part,
+        };
+        axpy_rows(
+            layout,
+            &scores[row(0, first, 0).start..],
+            v,
+            &mut records[2..],
+        );
     }
 }
 
