@@ -433,6 +433,14 @@ fn chunk_partial<'p, E: KvElem>(
         let at = h * CHUNK_TOKENS + first - start;
         at..at + n
     };
+    // A piece of `rows` values against heads `head_stride` apart.
+    let layout = |rows: usize, head_stride: usize| HeadsLayout {
+        heads,
+        keys: rows / hd,
+        head_dim: hd,
+        score_stride: CHUNK_TOKENS,
+        head_stride,
+    };
     let mut ahead = pieces.clone().peekable();
     if prefetch_ahead {
         if let Some((_, k, _)) = ahead.peek() {
@@ -446,15 +454,8 @@ fn chunk_partial<'p, E: KvElem>(
             }
             prefetch(v);
         }
-        let layout = HeadsLayout {
-            heads,
-            keys: k.len() / hd,
-            head_dim: hd,
-            score_stride: CHUNK_TOKENS,
-            head_stride: hd,
-        };
         let scores = &mut scores[row(0, first, 0).start..];
-        dot_rows_scaled(layout, q, k, scale, scores);
+        dot_rows_scaled(layout(k.len(), hd), q, k, scale, scores);
     }
     for h in 0..heads {
         let (max, sum) = softmax_parts(&mut scores[row(h, start, keys.len())]);
@@ -464,15 +465,8 @@ fn chunk_partial<'p, E: KvElem>(
         record[2..].fill(0.0);
     }
     for (first, _, v) in pieces {
-        let layout = HeadsLayout {
-            heads,
-            keys: v.len() / hd,
-            head_dim: hd,
-            score_stride: CHUNK_TOKENS,
-            head_stride: part,
-        };
         axpy_rows(
-            layout,
+            layout(v.len(), part),
             &scores[row(0, first, 0).start..],
             v,
             &mut records[2..],
