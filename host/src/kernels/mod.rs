@@ -8,7 +8,8 @@
 //!   weights dequantize 16-row panels to f32 once and run a
 //!   register-blocked FMA microkernel over the whole batch.
 //! - [`rms_norm`], [`silu_mul`], [`softmax_parts`], [`dot`], [`axpy`] and
-//!   [`RopeTable`] are the per-row pieces of a llama block.
+//!   [`RopeTable`] are the per-row pieces of a llama block; [`swiglu`]
+//!   runs the MLP's activation over a batch of rows on the pool.
 //! - [`ThreadPool`] runs a parallel section on all cores with ~1 µs
 //!   overhead while busy and 0% CPU while idle.
 //! - [`pack_weights`] moves a model's repacked matrices onto huge pages,
@@ -46,6 +47,7 @@ mod pages;
 mod pool;
 mod quant;
 mod rope;
+mod swiglu;
 #[cfg(test)]
 mod testutil;
 mod tiles;
@@ -60,6 +62,7 @@ pub use matmul::{matmul, matmul_on, matmul_with, MatmulPath};
 pub(crate) use pages::Pages;
 pub use pool::{ThreadPool, SPIN_WINDOW};
 pub use rope::RopeTable;
+pub use swiglu::swiglu;
 pub use tiles::{axpy_rows, dot_rows_scaled, prefetch, HeadsLayout};
 pub use vector::{axpy, dot, rms_norm, silu_mul, softmax_parts};
 pub use weights::{pack_weights, WeightMatrix};

@@ -44,28 +44,27 @@ pub(crate) fn rms_norm_reference(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32
         .collect()
 }
 
-/// `gate[i] = silu(gate[i]) * up[i]` with `silu(g) = g / (1 + exp(-g))`.
+/// `out[i] = silu(gate[i]) * up[i]` with `silu(g) = g / (1 + exp(-g))`.
 ///
 /// Panics if the slices differ in length (a caller bug).
-pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
-    assert_eq!(
-        gate.len(),
-        up.len(),
-        "silu_mul: gate and up must have equal lengths"
+pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    assert!(
+        gate.len() == up.len() && up.len() == out.len(),
+        "silu_mul: gate, up and out must have equal lengths"
     );
     #[cfg(target_arch = "x86_64")]
     if super::cpu::has_avx2() {
         // SAFETY: AVX2 is present; lengths were checked above.
-        unsafe { avx2::silu_mul(gate, up) };
+        unsafe { avx2::silu_mul(gate, up, out) };
         return;
     }
-    silu_mul_scalar(gate, up);
+    silu_mul_scalar(gate, up, out);
 }
 
 /// Portable [`silu_mul`].
-pub(crate) fn silu_mul_scalar(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+pub(crate) fn silu_mul_scalar(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = g / (1.0 + (-g).exp()) * u;
     }
 }
 
@@ -314,20 +313,20 @@ pub(crate) mod avx2 {
 
     /// AVX2 [`silu_mul`](super::silu_mul).
     #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    pub(crate) unsafe fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
         let n = gate.len();
         let mut i = 0;
         while i + 8 <= n {
-            let pg = gate.as_mut_ptr().add(i);
-            _mm256_storeu_ps(
-                pg,
-                silu_mul8(_mm256_loadu_ps(pg), _mm256_loadu_ps(up.as_ptr().add(i))),
+            let v = silu_mul8(
+                _mm256_loadu_ps(gate.as_ptr().add(i)),
+                _mm256_loadu_ps(up.as_ptr().add(i)),
             );
+            _mm256_storeu_ps(out.as_mut_ptr().add(i), v);
             i += 8;
         }
         if i < n {
             let v = silu_mul8(load_tail(&gate[i..]), load_tail(&up[i..]));
-            store_tail(&mut gate[i..], v);
+            store_tail(&mut out[i..], v);
         }
     }
 
@@ -404,16 +403,16 @@ mod tests {
         for n in LENGTHS {
             let gate: Vec<f32> = rng.normals(n).iter().map(|v| v * 8.0).collect();
             let up = rng.normals(n);
-            let (mut a, mut b) = (gate.clone(), gate.clone());
-            silu_mul(&mut a, &up);
-            silu_mul_scalar(&mut b, &up);
+            let (mut a, mut b) = (vec![0.0; n], vec![0.0; n]);
+            silu_mul(&gate, &up, &mut a);
+            silu_mul_scalar(&gate, &up, &mut b);
             for (x, y) in a.iter().zip(&b) {
                 assert!(close(*x, *y, 1e-6), "n={n}: {x} vs {y}");
             }
         }
         // Saturated ends: silu(-200) ~ 0, silu(200) = 200.
-        let mut g = vec![-200.0, 200.0];
-        silu_mul(&mut g, &[1.0, 1.0]);
+        let mut g = vec![0.0; 2];
+        silu_mul(&[-200.0, 200.0], &[1.0, 1.0], &mut g);
         assert!(g[0].abs() < 1e-30 && g[1] == 200.0, "{g:?}");
     }
 

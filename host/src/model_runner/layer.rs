@@ -10,7 +10,7 @@ use super::scratch::{Scratch, MLP_CHUNK_TOKENS};
 use super::RunnerError;
 use crate::distributed::TpGroup;
 use crate::kernels::{
-    matmul_with, rms_norm, silu_mul, MatmulPath, RopeTable, ThreadPool, WeightMatrix,
+    matmul_with, rms_norm, swiglu, MatmulPath, RopeTable, ThreadPool, WeightMatrix,
 };
 use crate::model::{dequant, DType, LayerWeights, Storage, Tensor};
 
@@ -208,17 +208,11 @@ impl Layer {
             let xs = &x[rows.start * hid..rows.end * hid];
             matmul_with(ctx.pool, &self.w_gate_up, xs, m, gu, ctx.path);
             laps.lap(Op::GateUpProj);
-            // SwiGLU, compacting rows in place: row t's activations move
-            // from [2t·ff, 2t·ff + ff) to [t·ff, (t+1)·ff), which never
-            // overlaps a row not yet processed.
-            for t in 0..m {
-                let (gate, up) = gu[2 * t * ff..2 * (t + 1) * ff].split_at_mut(ff);
-                silu_mul(gate, up);
-                gu.copy_within(2 * t * ff..2 * t * ff + ff, t * ff);
-            }
+            let act = &mut s.act[..m * ff];
+            swiglu(ctx.pool, gu, ff, act);
             laps.lap(Op::SiluMul);
             let out = &mut proj[rows.start * hid..rows.end * hid];
-            matmul_with(ctx.pool, &self.w_down, &gu[..m * ff], m, out, ctx.path);
+            matmul_with(ctx.pool, &self.w_down, act, m, out, ctx.path);
             laps.lap(Op::DownProj);
         }
         reduce(ctx, proj)?;

@@ -26,9 +26,12 @@ pub(crate) struct Scratch {
     /// `[T, hidden]`. Rows are wide enough for either.
     pub qkv: Vec<f32>,
     /// Fused gate and up projections of one MLP chunk,
-    /// `[MLP_CHUNK_TOKENS, 2 * intermediate]`; after SwiGLU the first
-    /// `rows * intermediate` floats hold the activations.
+    /// `[MLP_CHUNK_TOKENS, 2 * intermediate]`.
     pub gate_up: Vec<f32>,
+    /// SwiGLU of one MLP chunk, `[MLP_CHUNK_TOKENS, intermediate]`: its own
+    /// buffer, not `gate_up` compacted in place, so that threads can share
+    /// the rows and no copy follows.
+    pub act: Vec<f32>,
     /// Attention's scores and partial results.
     pub attn: AttnScratch,
     /// The step's sequences.
@@ -72,6 +75,7 @@ impl Scratch {
             x: buf(c.hidden_size.max(q_width))?,
             qkv: buf(qkv_width.max(c.hidden_size))?,
             gate_up: buf_rows(max_tokens.min(MLP_CHUNK_TOKENS), 2 * c.intermediate_size)?,
+            act: buf_rows(max_tokens.min(MLP_CHUNK_TOKENS), c.intermediate_size)?,
             attn: AttnScratch::new(dims, n_threads, max_model_len),
             spans: Vec::new(),
             plan: AttnPlan::default(),
