@@ -101,7 +101,7 @@ pub fn matmul_on(
     if integer {
         ACTS.with(|acts| {
             let mut acts = acts.borrow_mut();
-            acts.quantize(x, n_tokens, cols);
+            acts.quantize(pool, x, n_tokens, cols);
             let acts = &*acts;
             // Whole groups of interleaved rows, so no thread computes a
             // group that another also computes.
@@ -153,7 +153,7 @@ mod tests {
     fn quantize_dequantize(x: &[f32], cols: usize) -> Vec<f32> {
         let n = x.len() / cols;
         let mut acts = Q8Acts::default();
-        acts.quantize(x, n, cols);
+        acts.quantize(&ThreadPool::new(1), x, n, cols);
         (0..n)
             .flat_map(|t| {
                 let (q, (d, _)) = (acts.row_qs(t), acts.row_scales(t));
@@ -295,7 +295,7 @@ mod tests {
                     x[..32].fill(0.0);
                     x[cols - 32..cols].iter_mut().for_each(|v| *v *= 1e3);
                     let mut acts = Q8Acts::default();
-                    acts.quantize(&x, n, cols);
+                    acts.quantize(&ThreadPool::new(1), &x, n, cols);
                     let mut want = vec![0f32; n * rows];
                     gemv_rows_scalar(&layouts[0], &acts, n, 0..rows, OutPtr::new(&mut want));
                     for (w, kernels) in layouts

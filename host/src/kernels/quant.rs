@@ -6,8 +6,16 @@
 //! are kept too: the AVX-512 VNNI kernels bias signed Q8_0 weights by +128
 //! to make them unsigned and subtract `128 * sum(q)` again, exactly.
 
+use std::sync::Mutex;
+
 use super::aligned::AlignedBytes;
 use super::weights::QK;
+use super::ThreadPool;
+
+/// Values below which [`Q8Acts::quantize`] runs on the calling thread:
+/// about ten microseconds of work, several fork-joins' worth. A decode's
+/// rows stay serial; a prefill's are split.
+const PARALLEL_MIN_VALUES: usize = 16 * 1024;
 
 /// [`Q8Acts`] holds its tokens padded to a multiple of this, so the AMX
 /// kernel can load a whole tile of tokens past the last one.
@@ -37,7 +45,10 @@ impl Q8Acts {
     /// [`TOKEN_PAD`] have zero scales and whatever quants an earlier call
     /// left: the AMX kernel computes them and stores none of their results,
     /// so they are not cleared on every call (decode's calls included).
-    pub(crate) fn quantize(&mut self, x: &[f32], n_tokens: usize, cols: usize) {
+    ///
+    /// Batches of [`PARALLEL_MIN_VALUES`] values or more are split between
+    /// `pool`'s threads by rows; a row's quants never depend on the split.
+    pub(crate) fn quantize(&mut self, pool: &ThreadPool, x: &[f32], n_tokens: usize, cols: usize) {
         debug_assert!(cols.is_multiple_of(QK) && x.len() == n_tokens * cols);
         let blocks = cols / QK;
         let padded = n_tokens.next_multiple_of(TOKEN_PAD);
@@ -50,16 +61,42 @@ impl Q8Acts {
         self.s.resize(padded * self.stride, 0.0);
         self.sums.clear();
         self.sums.resize(padded * self.stride, 0);
-        let qs = self.qs.as_mut_slice();
-        for t in 0..n_tokens {
-            for b in 0..blocks {
-                let at = t * cols + b * QK;
-                let (d, sum) = quantize_block(&x[at..at + QK], &mut qs[at..at + QK]);
-                self.d[t * self.stride + b] = d;
-                self.s[t * self.stride + b] = d * sum as f32;
-                self.sums[t * self.stride + b] = sum;
-            }
+        let stride = self.stride;
+        let qs = &mut self.qs.as_mut_slice()[..n_tokens * cols];
+        let d = &mut self.d[..n_tokens * stride];
+        let s = &mut self.s[..n_tokens * stride];
+        let sums = &mut self.sums[..n_tokens * stride];
+        let threads = if n_tokens * cols >= PARALLEL_MIN_VALUES {
+            pool.num_threads().min(n_tokens)
+        } else {
+            1
+        };
+        if threads == 1 {
+            quantize_rows(x, Rows { qs, d, s, sums }, cols, stride);
+            return;
         }
+        // Each thread's share of the rows, behind a lock that thread alone
+        // takes: safe code for disjoint writes, at the price of one
+        // uncontended lock per thread and call.
+        let per = n_tokens.div_ceil(threads);
+        let (c, st) = (per * cols, per * stride);
+        let shares: Vec<_> = x
+            .chunks(c)
+            .zip(qs.chunks_mut(c))
+            .zip(
+                d.chunks_mut(st)
+                    .zip(s.chunks_mut(st))
+                    .zip(sums.chunks_mut(st)),
+            )
+            .map(|((x, qs), ((d, s), sums))| Mutex::new((x, Rows { qs, d, s, sums })))
+            .collect();
+        pool.run(|i, _| {
+            if let Some(share) = shares.get(i) {
+                let mut share = share.lock().unwrap_or_else(|e| e.into_inner());
+                let (x, rows) = &mut *share;
+                quantize_rows(x, rows.reborrow(), cols, stride);
+            }
+        });
     }
 
     /// The quants of row `t`.
@@ -82,14 +119,73 @@ impl Q8Acts {
     }
 }
 
-/// Quantizes one block of 32; returns `(d, sum(q))`.
-fn quantize_block(x: &[f32], q: &mut [u8]) -> (f32, i32) {
+/// Rows of a [`Q8Acts`]'s buffers: `cols` quants and `stride` scales,
+/// scaled sums and sums per row.
+struct Rows<'a> {
+    qs: &'a mut [u8],
+    d: &'a mut [f32],
+    s: &'a mut [f32],
+    sums: &'a mut [i32],
+}
+
+impl Rows<'_> {
+    /// The same rows, borrowed again.
+    fn reborrow(&mut self) -> Rows<'_> {
+        Rows {
+            qs: self.qs,
+            d: self.d,
+            s: self.s,
+            sums: self.sums,
+        }
+    }
+}
+
+/// Quantizes the rows of `x` (`cols` values each) into `rows`, choosing
+/// the block kernel once per call rather than once per block.
+fn quantize_rows(x: &[f32], rows: Rows, cols: usize, stride: usize) {
     #[cfg(target_arch = "x86_64")]
     if super::cpu::has_avx2() {
-        // SAFETY: the CPU has AVX2; both slices are 32 long.
-        return unsafe { quantize_block_avx2(x, q) };
+        // SAFETY: the CPU has AVX2.
+        unsafe { quantize_rows_avx2(x, rows, cols, stride) };
+        return;
     }
-    quantize_block_scalar(x, q)
+    quantize_rows_with(x, rows, cols, stride, quantize_block_scalar);
+}
+
+/// [`quantize_rows`] with the AVX2 block kernel, inlined into the loop.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_rows_avx2(x: &[f32], rows: Rows, cols: usize, stride: usize) {
+    // SAFETY (the closure): this function runs only where AVX2 is present,
+    // and `quantize_rows_with` hands it blocks of 32.
+    quantize_rows_with(x, rows, cols, stride, |x, q| unsafe {
+        quantize_block_avx2(x, q)
+    });
+}
+
+/// The loop of [`quantize_rows`] over rows and their blocks, with `block`
+/// quantizing one block of 32 and returning `(d, sum(q))`.
+#[inline(always)]
+fn quantize_rows_with(
+    x: &[f32],
+    rows: Rows,
+    cols: usize,
+    stride: usize,
+    block: impl Fn(&[f32], &mut [u8]) -> (f32, i32),
+) {
+    let Rows { qs, d, s, sums } = rows;
+    let scales = d.chunks_exact_mut(stride).zip(s.chunks_exact_mut(stride));
+    let rows = x
+        .chunks_exact(cols)
+        .zip(qs.chunks_exact_mut(cols))
+        .zip(scales.zip(sums.chunks_exact_mut(stride)));
+    for ((x, qs), ((d, s), sums)) in rows {
+        let blocks = x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK));
+        for (((x, q), d), (s, sum)) in blocks.zip(d).zip(s.iter_mut().zip(sums)) {
+            let (bd, bsum) = block(x, q);
+            (*d, *s, *sum) = (bd, bd * bsum as f32, bsum);
+        }
+    }
 }
 
 /// Portable [`quantize_block`]; rounding half to even, as the SIMD version.
@@ -172,6 +268,37 @@ mod tests {
         let mut q = [1u8; QK];
         assert_eq!(quantize_block_scalar(&[0.0; QK], &mut q), (0.0, 0));
         assert_eq!(q, [0; QK]);
+    }
+
+    /// Splitting a batch between threads (2 and 3, with shares that end
+    /// mid-batch) changes no quant, scale or sum of any row, and a smaller
+    /// batch after a larger one leaves no stale value in its rows.
+    #[test]
+    fn a_split_batch_quantizes_like_one_row_at_a_time() {
+        let mut rng = Rng::new(3);
+        let cols = 576;
+        for n in [1usize, 29, 64] {
+            let x: Vec<f32> = rng.normals(n * cols).iter().map(|v| v * 4.0).collect();
+            let mut want = Q8Acts::default();
+            want.quantize(&ThreadPool::new(1), &x, n, cols);
+            for threads in [2, 3] {
+                let mut got = Q8Acts::default();
+                got.quantize(&ThreadPool::new(threads), &rng.normals(80 * cols), 80, cols);
+                got.quantize(&ThreadPool::new(threads), &x, n, cols);
+                for t in 0..n {
+                    assert_eq!(got.row_qs(t), want.row_qs(t), "row {t} of {n}");
+                    assert_eq!(got.row_scales(t), want.row_scales(t), "row {t} of {n}");
+                    #[cfg(target_arch = "x86_64")]
+                    assert_eq!(got.row_sums(t), want.row_sums(t), "row {t} of {n}");
+                }
+                for t in 0..n {
+                    let mut q = [0u8; QK];
+                    let (d, sum) = quantize_block_scalar(&x[t * cols..][..QK], &mut q);
+                    assert_eq!(got.row_scales(t).0[0], d);
+                    assert_eq!(got.row_scales(t).1[0], d * sum as f32);
+                }
+            }
+        }
     }
 
     #[cfg(target_arch = "x86_64")]
