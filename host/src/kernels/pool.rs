@@ -15,6 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use super::OutPtr;
+
 /// How long a worker keeps spinning for new work before it parks.
 ///
 /// Between the matmuls of one forward pass the gap is microseconds, and
@@ -133,6 +135,50 @@ impl ThreadPool {
     }
 }
 
+impl ThreadPool {
+    /// Calls `f(t, row)` for every `width`-wide row `t` of `out`. Once `out`
+    /// holds [`ROWS_PARALLEL_MIN_VALUES`] values or more, the rows are split
+    /// between the threads in contiguous runs, one section; fewer run on
+    /// the calling thread alone, where a fork-join would cost what they do.
+    ///
+    /// Panics if `out` is not whole rows (a caller bug), or as [`run`](Self::run).
+    pub fn for_each_row<F: Fn(usize, &mut [f32]) + Sync>(
+        &self,
+        out: &mut [f32],
+        width: usize,
+        f: F,
+    ) {
+        assert!(
+            width > 0 && out.len().is_multiple_of(width),
+            "for_each_row: {} values are not rows of {width}",
+            out.len()
+        );
+        let rows = out.len() / width;
+        if out.len() < ROWS_PARALLEL_MIN_VALUES || self.num_threads() == 1 {
+            for (t, row) in out.chunks_exact_mut(width).enumerate() {
+                f(t, row);
+            }
+            return;
+        }
+        let out = OutPtr::new(out);
+        self.run(|i, n| {
+            for t in rows * i / n..rows * (i + 1) / n {
+                // SAFETY: row `t < rows` lies inside `out`, and thread `i`
+                // alone touches rows `rows * i / n .. rows * (i + 1) / n`.
+                let row =
+                    unsafe { std::slice::from_raw_parts_mut(out.ptr().add(t * width), width) };
+                f(t, row);
+            }
+        });
+    }
+}
+
+/// Values below which [`ThreadPool::for_each_row`] stays on the calling
+/// thread: a few microseconds of row-wise work, several fork-joins' worth.
+/// A decode's row (576 to 1,536 values for SmolLM2) stays serial; a
+/// prefill's or a batch's rows are split.
+pub const ROWS_PARALLEL_MIN_VALUES: usize = 16 * 1024;
+
 /// Waits for the workers of the current section, also when the caller's own
 /// share panics (the workers still borrow the closure).
 struct WaitGuard<'a>(&'a Shared);
@@ -242,6 +288,29 @@ mod tests {
                     hits[i].fetch_add(1, Ordering::Relaxed);
                 });
                 assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+            }
+        }
+    }
+
+    #[test]
+    fn for_each_row_visits_every_row_once_with_its_index() {
+        for threads in 1..=3 {
+            let pool = ThreadPool::new(threads);
+            // Serial (a few rows), and split unevenly (16,384 and more).
+            for (rows, width) in [(3usize, 5usize), (1, ROWS_PARALLEL_MIN_VALUES), (67, 576)] {
+                let mut out = vec![-1f32; rows * width];
+                pool.for_each_row(&mut out, width, |t, row| {
+                    assert_eq!(row.len(), width);
+                    for v in row.iter_mut() {
+                        *v += 1.0 + t as f32;
+                    }
+                });
+                for (t, row) in out.chunks_exact(width).enumerate() {
+                    assert!(
+                        row.iter().all(|&v| v == t as f32),
+                        "row {t} of {rows} on {threads} threads"
+                    );
+                }
             }
         }
     }

@@ -1,17 +1,13 @@
-//! [`swiglu`]: the MLP's activation over a batch of rows, split between the
-//! pool's threads once the batch pays for a fork-join.
+//! [`swiglu`]: the MLP's activation over a batch of rows.
 
 use super::vector::silu_mul;
-use super::{OutPtr, ThreadPool};
-
-/// Values below which [`swiglu`] runs on the calling thread: about ten
-/// microseconds of work, several fork-joins' worth. A decode's row (1,536
-/// values for SmolLM2) stays serial; a prefill chunk of 256 rows is split.
-const PARALLEL_MIN_VALUES: usize = 16 * 1024;
+use super::ThreadPool;
 
 /// `out[t] = silu(gate_t) * up_t` for every row `t`, where row `t` of
 /// `gate_up` is `[gate_t | up_t]` (`2 * ff` values, the fused gate/up
-/// projection's output) and row `t` of `out` is `ff` values.
+/// projection's output) and row `t` of `out` is `ff` values; a batch's
+/// rows are split between the pool's threads
+/// ([`ThreadPool::for_each_row`]).
 ///
 /// Each row's result is [`silu_mul`]'s, whichever thread computes it.
 ///
@@ -24,25 +20,9 @@ pub fn swiglu(pool: &ThreadPool, gate_up: &[f32], ff: usize, out: &mut [f32]) {
         gate_up.len(),
         out.len()
     );
-    let rows = out.len() / ff;
-    let row = |t: usize, out: &mut [f32]| {
+    pool.for_each_row(out, ff, |t, out| {
         let (gate, up) = gate_up[2 * t * ff..2 * (t + 1) * ff].split_at(ff);
         silu_mul(gate, up, out);
-    };
-    if out.len() < PARALLEL_MIN_VALUES || pool.num_threads() == 1 {
-        for (t, out) in out.chunks_exact_mut(ff).enumerate() {
-            row(t, out);
-        }
-        return;
-    }
-    let out = OutPtr::new(out);
-    pool.run(|i, n| {
-        for t in rows * i / n..rows * (i + 1) / n {
-            // SAFETY: row `t` lies inside `out` (`t < rows`), and thread `i`
-            // alone writes rows `rows * i / n .. rows * (i + 1) / n`.
-            let out = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(t * ff), ff) };
-            row(t, out);
-        }
     });
 }
 

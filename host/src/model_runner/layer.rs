@@ -149,21 +149,18 @@ impl Layer {
         let (qw, kvw) = (d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim);
         let qkv_w = qw + 2 * kvw;
         let mut laps = Laps::start(ctx.profile);
-        let h = &mut s.h[..n * hid];
         let x = &mut s.x[..n * hid];
-        for (xr, hr) in x.chunks_exact_mut(hid).zip(h.chunks_exact(hid)) {
-            rms_norm(hr, &self.attn_norm, ctx.eps, xr);
-        }
+        norm_rows(ctx, &self.attn_norm, &s.h[..n * hid], x);
         laps.lap(Op::AttnNorm);
         let qkv = &mut s.qkv[..n * qkv_w];
         matmul_with(ctx.pool, &self.wqkv, x, n, qkv, ctx.path);
         laps.lap(Op::QkvProj);
-        for (t, row) in qkv.chunks_exact_mut(qkv_w).enumerate() {
-            let pos = ctx.positions[t] as usize;
+        let (positions, rope) = (ctx.positions, ctx.rope);
+        ctx.pool.for_each_row(qkv, qkv_w, |t, row| {
             for head in row[..qw + kvw].chunks_exact_mut(d.head_dim) {
-                ctx.rope.apply(head, pos);
+                rope.apply(head, positions[t] as usize);
             }
-        }
+        });
         laps.lap(Op::Rope);
         self.store_kv(layer, ctx, s, cache, n);
         laps.lap(Op::StoreKv);
@@ -188,13 +185,11 @@ impl Layer {
         reduce(ctx, proj)?;
         laps.lap(Op::AllReduce);
         let h = &mut s.h[..n * hid];
-        add_into(h, proj);
+        add_rows(ctx, h, proj);
         laps.lap(Op::Residual);
 
         let x = &mut s.x[..n * hid];
-        for (xr, hr) in x.chunks_exact_mut(hid).zip(h.chunks_exact(hid)) {
-            rms_norm(hr, &self.ffn_norm, ctx.eps, xr);
-        }
+        norm_rows(ctx, &self.ffn_norm, h, x);
         laps.lap(Op::FfnNorm);
         // The MLP in chunks of rows: its [T, 2·intermediate] activations are
         // the step's widest, and every row is independent (the kernels give
@@ -217,7 +212,7 @@ impl Layer {
         }
         reduce(ctx, proj)?;
         laps.lap(Op::AllReduce);
-        add_into(h, proj);
+        add_rows(ctx, h, proj);
         laps.lap(Op::Residual);
         Ok(())
     }
@@ -262,9 +257,20 @@ fn reduce(ctx: &StepCtx<'_>, partial: &mut [f32]) -> Result<(), RunnerError> {
     }
 }
 
-/// `h += x`, elementwise.
-fn add_into(h: &mut [f32], x: &[f32]) {
-    for (a, b) in h.iter_mut().zip(x) {
-        *a += b;
-    }
+/// `h += x`, elementwise, row by row on the pool.
+fn add_rows(ctx: &StepCtx<'_>, h: &mut [f32], x: &[f32]) {
+    let hid = ctx.hidden;
+    ctx.pool.for_each_row(h, hid, |t, h| {
+        for (a, b) in h.iter_mut().zip(&x[t * hid..(t + 1) * hid]) {
+            *a += b;
+        }
+    });
+}
+
+/// `x = rms_norm(h) * weight`, row by row on the pool.
+fn norm_rows(ctx: &StepCtx<'_>, weight: &[f32], h: &[f32], x: &mut [f32]) {
+    let (hid, eps) = (ctx.hidden, ctx.eps);
+    ctx.pool.for_each_row(x, hid, |t, x| {
+        rms_norm(&h[t * hid..(t + 1) * hid], weight, eps, x)
+    });
 }
