@@ -133,11 +133,9 @@ impl ThreadPool {
             panic::resume_unwind(payload);
         }
     }
-}
 
-impl ThreadPool {
     /// Calls `f(t, row)` for every `width`-wide row `t` of `out`. Once `out`
-    /// holds [`ROWS_PARALLEL_MIN_VALUES`] values or more, the rows are split
+    /// holds `ROWS_PARALLEL_MIN_VALUES` (16K) values or more, the rows are split
     /// between the threads in contiguous runs, one section; fewer run on
     /// the calling thread alone, where a fork-join would cost what they do.
     ///
@@ -177,7 +175,7 @@ impl ThreadPool {
 /// thread: a few microseconds of row-wise work, several fork-joins' worth.
 /// A decode's row (576 to 1,536 values for SmolLM2) stays serial; a
 /// prefill's or a batch's rows are split.
-pub const ROWS_PARALLEL_MIN_VALUES: usize = 16 * 1024;
+pub(crate) const ROWS_PARALLEL_MIN_VALUES: usize = 16 * 1024;
 
 /// Waits for the workers of the current section, also when the caller's own
 /// share panics (the workers still borrow the closure).

@@ -9,13 +9,9 @@
 use std::sync::Mutex;
 
 use super::aligned::AlignedBytes;
+use super::pool::ROWS_PARALLEL_MIN_VALUES;
 use super::weights::QK;
 use super::ThreadPool;
-
-/// Values below which [`Q8Acts::quantize`] runs on the calling thread:
-/// about ten microseconds of work, several fork-joins' worth. A decode's
-/// rows stay serial; a prefill's are split.
-const PARALLEL_MIN_VALUES: usize = 16 * 1024;
 
 /// [`Q8Acts`] holds its tokens padded to a multiple of this, so the AMX
 /// kernel can load a whole tile of tokens past the last one.
@@ -46,8 +42,10 @@ impl Q8Acts {
     /// left: the AMX kernel computes them and stores none of their results,
     /// so they are not cleared on every call (decode's calls included).
     ///
-    /// Batches of [`PARALLEL_MIN_VALUES`] values or more are split between
-    /// `pool`'s threads by rows; a row's quants never depend on the split.
+    /// Batches of [`ROWS_PARALLEL_MIN_VALUES`] values or more are split
+    /// between `pool`'s threads by rows, as
+    /// [`ThreadPool::for_each_row`] splits its rows (this fills four
+    /// buffers per row, not one); a row's quants never depend on the split.
     pub(crate) fn quantize(&mut self, pool: &ThreadPool, x: &[f32], n_tokens: usize, cols: usize) {
         debug_assert!(cols.is_multiple_of(QK) && x.len() == n_tokens * cols);
         let blocks = cols / QK;
@@ -66,7 +64,7 @@ impl Q8Acts {
         let d = &mut self.d[..n_tokens * stride];
         let s = &mut self.s[..n_tokens * stride];
         let sums = &mut self.sums[..n_tokens * stride];
-        let threads = if n_tokens * cols >= PARALLEL_MIN_VALUES {
+        let threads = if n_tokens * cols >= ROWS_PARALLEL_MIN_VALUES {
             pool.num_threads().min(n_tokens)
         } else {
             1
@@ -188,7 +186,8 @@ fn quantize_rows_with(
     }
 }
 
-/// Portable [`quantize_block`]; rounding half to even, as the SIMD version.
+/// Quantizes one block of 32, portably; returns `(d, sum(q))`. Rounds
+/// half to even, as the SIMD version does.
 pub(crate) fn quantize_block_scalar(x: &[f32], q: &mut [u8]) -> (f32, i32) {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
@@ -202,7 +201,7 @@ pub(crate) fn quantize_block_scalar(x: &[f32], q: &mut [u8]) -> (f32, i32) {
     (d, sum)
 }
 
-/// AVX2 [`quantize_block`].
+/// [`quantize_block_scalar`] with AVX2, bit for bit.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn quantize_block_avx2(x: &[f32], q: &mut [u8]) -> (f32, i32) {
