@@ -52,30 +52,45 @@ const DIMS: AttnDims = AttnDims {
     head_dim: 8,
     block_size: 12,
 };
+/// SmolLM2's 64-wide heads (the vector kernels' width): in blocks of 16,
+/// whose pieces are whole 16-key groups, and of 12, whose are not.
+const WIDE: [AttnDims; 2] = [
+    AttnDims {
+        head_dim: 64,
+        block_size: 16,
+        ..DIMS
+    },
+    AttnDims {
+        head_dim: 64,
+        ..DIMS
+    },
+];
 const MAX_MODEL_LEN: usize = 320;
 
 /// Sequences' contexts in a cache, their blocks scattered.
 struct Fixture {
     cache: KvCache,
     tables: Vec<Vec<u32>>,
+    /// The shapes.
+    dims: AttnDims,
     /// Per sequence: its K and V, `[ctx, kv_heads * hd]`, as the cache
     /// holds them (rounded to its type).
     kv: Vec<(Vec<f32>, Vec<f32>)>,
 }
 
 impl Fixture {
-    fn new(contexts: &[usize], dtype: KvDtype) -> Fixture {
-        let bs = DIMS.block_size;
+    fn new(contexts: &[usize], dtype: KvDtype, dims: AttnDims) -> Fixture {
+        let bs = dims.block_size;
         let num_blocks = 48;
         let shape = KvCacheShape {
             num_layers: 1,
-            num_kv_heads: DIMS.num_kv_heads,
-            head_dim: DIMS.head_dim,
+            num_kv_heads: dims.num_kv_heads,
+            head_dim: dims.head_dim,
             block_size: bs,
             dtype,
         };
         let mut cache = KvCache::new(shape, num_blocks).unwrap();
-        let kvw = DIMS.num_kv_heads * DIMS.head_dim;
+        let kvw = dims.num_kv_heads * dims.head_dim;
         let mut next = 0;
         let mut tables = Vec::new();
         let mut kv = Vec::new();
@@ -108,13 +123,18 @@ impl Fixture {
             tables.push(table);
             kv.push((round(k), round(v)));
         }
-        Fixture { cache, tables, kv }
+        Fixture {
+            cache,
+            tables,
+            dims,
+            kv,
+        }
     }
 
     /// The query of sequence `seq` at `pos`: the same in every step.
-    fn query(seq: usize, pos: usize) -> Vec<f32> {
+    fn query(&self, seq: usize, pos: usize) -> Vec<f32> {
         values(
-            DIMS.num_heads * DIMS.head_dim,
+            self.dims.num_heads * self.dims.head_dim,
             1000 * seq as u64 + pos as u64,
         )
     }
@@ -128,27 +148,28 @@ impl Fixture {
         plan_threads: usize,
         threads: usize,
     ) -> (HashMap<(usize, usize), Vec<f32>>, AttnPlan) {
-        let width = DIMS.num_heads * DIMS.head_dim;
+        let dims = self.dims;
+        let width = dims.num_heads * dims.head_dim;
         let mut seqs = Vec::new();
         let mut q = Vec::new();
         let mut tables = Vec::new();
         for &(seq, query_len) in step {
-            let ctx = self.kv[seq].0.len() / (DIMS.num_kv_heads * DIMS.head_dim);
+            let ctx = self.kv[seq].0.len() / (dims.num_kv_heads * dims.head_dim);
             seqs.push(SeqSpan {
                 token_start: q.len() / width,
                 query_len,
                 context_len: ctx,
             });
             for pos in ctx - query_len..ctx {
-                q.extend(Self::query(seq, pos));
+                q.extend(self.query(seq, pos));
             }
             tables.push(&self.tables[seq][..]);
         }
         let mut plan = AttnPlan::default();
-        plan.build(&seqs, DIMS, plan_threads);
+        plan.build(&seqs, dims, plan_threads);
         let pool = ThreadPool::new(threads);
         let mut out = vec![f32::NAN; q.len()];
-        let mut scratch = AttnScratch::new(DIMS, threads, MAX_MODEL_LEN);
+        let mut scratch = AttnScratch::new(dims, threads, MAX_MODEL_LEN);
         let args = AttnArgs {
             cache: &self.cache,
             layer: 0,
@@ -158,7 +179,7 @@ impl Fixture {
             q: &q,
             q_stride: width,
         };
-        paged_attention(&pool, DIMS, &args, &mut out, &mut scratch);
+        paged_attention(&pool, dims, &args, &mut out, &mut scratch);
         let mut by_query = HashMap::new();
         for (&(seq, _), span) in step.iter().zip(&seqs) {
             for qi in 0..span.query_len {
@@ -176,19 +197,24 @@ impl Fixture {
 /// Every plan shape — per KV head, per query head, and one item per
 /// chunk merged after — on one to three threads gives textbook attention
 /// over the K/V the cache holds, and a query gets the same bits in every
-/// step and plan it is part of, whatever the cache's element type.
+/// step and plan it is part of, whatever the cache's element type and with
+/// SmolLM2's 64-wide heads too, where the vector kernels' own paths run (the
+/// half-width chunk widened once for a prefill's queries, three heads
+/// sharing each row) beside a decode's.
 #[test]
 fn every_plan_gives_textbook_attention_and_the_same_bits() {
-    for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
-        every_plan_agrees(dtype);
+    for dims in [DIMS].iter().chain(&WIDE) {
+        for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
+            every_plan_agrees(dtype, *dims);
+        }
     }
 }
 
-fn every_plan_agrees(dtype: KvDtype) {
+fn every_plan_agrees(dtype: KvDtype, dims: AttnDims) {
     // A decode over 300 tokens (three chunks), a 150-token prefill, a
     // five-token tail of a 20-token context, and the last 50 tokens of the
     // 300, whose 16-query items straddle the chunk border at 256.
-    let fx = Fixture::new(&[300, 150, 20], dtype);
+    let fx = Fixture::new(&[300, 150, 20], dtype, dims);
     let steps: [&[(usize, usize)]; 5] = [
         &[(0, 1), (1, 150), (2, 5)],
         &[(0, 50), (2, 5)],
@@ -196,7 +222,7 @@ fn every_plan_agrees(dtype: KvDtype) {
         &[(2, 5)],
         &[(2, 1)],
     ];
-    let hd = DIMS.head_dim;
+    let hd = dims.head_dim;
     let mut first: HashMap<(usize, usize), Vec<f32>> = HashMap::new();
     let (mut split, mut per_kv, mut per_head) = (false, false, false);
     for step in steps {
@@ -206,15 +232,15 @@ fn every_plan_agrees(dtype: KvDtype) {
             per_kv |= plan.split.is_empty() && plan.items.iter().all(|it| it.heads == 3);
             per_head |= plan.items.iter().all(|it| it.heads == 1);
             for (&(seq, pos), out) in &outs {
-                let q = Fixture::query(seq, pos);
+                let q = fx.query(seq, pos);
                 let (k, v) = &fx.kv[seq];
-                for h in 0..DIMS.num_heads {
-                    let want = naive(&q[h * hd..(h + 1) * hd], k, v, pos, h, DIMS);
+                for h in 0..dims.num_heads {
+                    let want = naive(&q[h * hd..(h + 1) * hd], k, v, pos, h, dims);
                     for (d, want) in want.iter().enumerate() {
                         let got = out[h * hd + d];
                         assert!(
                             (got - want).abs() < 1e-5,
-                            "{dtype:?} {step:?} seq {seq} pos {pos} head {h}: {got} vs {want}"
+                            "{dims:?} {dtype:?} {step:?} seq {seq} pos {pos} head {h}: {got} vs {want}"
                         );
                     }
                 }
@@ -225,7 +251,7 @@ fn every_plan_agrees(dtype: KvDtype) {
                     .all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(
                     same,
-                    "{dtype:?} seq {seq} pos {pos} changed in step {step:?} planned for {plan_threads} on {threads} threads"
+                    "{dims:?} {dtype:?} seq {seq} pos {pos} changed in step {step:?} planned for {plan_threads} on {threads} threads"
                 );
             }
         }
