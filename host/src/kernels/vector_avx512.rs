@@ -76,10 +76,19 @@ pub(crate) unsafe fn softmax_parts(x: &mut [f32]) -> (f32, f32) {
         let e = exp16(_mm512_sub_ps(v, m));
         _mm512_mask_storeu_ps(p.add(i), mask, e);
         vsum = _mm256_add_ps(vsum, _mm512_castps512_ps256(e));
-        vsum = _mm256_add_ps(vsum, _mm512_extractf32x8_ps::<1>(e));
+        vsum = _mm256_add_ps(vsum, high_half(e));
         i += 16;
     }
     (max, hsum(vsum))
+}
+
+/// Lanes 8..16 of `v`, moved as four doubles: AVX-512 F alone
+/// (`_mm512_extractf32x8_ps` is AVX-512 DQ, which the family does not
+/// check, and outside a function that enables it the intrinsic is not
+/// inlined but called).
+#[inline(always)]
+unsafe fn high_half(v: __m512) -> __m256 {
+    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
 }
 
 #[cfg(test)]
