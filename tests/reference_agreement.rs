@@ -13,7 +13,7 @@ use e2e::{default_model, run_python};
 use host::config::CacheDtype;
 use host::kernels::{MatmulPath, ThreadPool};
 use host::model::gguf::GgufFile;
-use host::model::LoadFormat;
+use host::model::{load, LoadFormat, ModelWeights};
 use host::model_runner::{CpuModelRunner, ModelInput, RunnerConfig, SeqInput};
 use host::worker::{Worker, WorkerConfig, WorkerDevice};
 
@@ -143,6 +143,11 @@ fn new_runner(cache_dtype: CacheDtype) -> CpuModelRunner {
     let weights = GgufFile::open(&default_model())
         .and_then(|f| f.load_weights())
         .expect("load the default model");
+    runner_of(&weights, cache_dtype)
+}
+
+/// A runner of `weights` whose KV cache holds `cache_dtype`.
+fn runner_of(weights: &ModelWeights, cache_dtype: CacheDtype) -> CpuModelRunner {
     let limits = RunnerConfig {
         max_num_batched_tokens: 1024,
         max_model_len: 1024,
@@ -150,7 +155,7 @@ fn new_runner(cache_dtype: CacheDtype) -> CpuModelRunner {
         cache_dtype,
         matmul_path: MatmulPath::Auto,
     };
-    let mut r = CpuModelRunner::new(&weights, Arc::new(ThreadPool::new(2)), limits).unwrap();
+    let mut r = CpuModelRunner::new(weights, Arc::new(ThreadPool::new(2)), limits).unwrap();
     r.initialize_kv_cache(SLOTS * BLOCKS_PER_SLOT).unwrap();
     r
 }
@@ -288,6 +293,58 @@ fn half_width_kv_caches_stay_within_their_rounding_of_the_reference() {
         eprintln!("{dtype:?}: largest logit error {worst}");
         assert!(decisive >= 3, "{dtype:?}: only {decisive} decisive prompts");
     }
+}
+
+/// A float checkpoint runs the float kernels: 16-row panels kept from load,
+/// the 6-token tiles at prefill and four panels side by side for a lone
+/// decode. An f32 Hugging Face checkpoint converted from the GGUF
+/// (`gguf_to_hf.py`, the same values: `tests/model_loaders.rs`) computes
+/// what the reference computes, up to float rounding (1e-3, as above): the
+/// prompt's logits, then at every greedy step of each prompt, decoded alone
+/// on the reference's tokens, the reference's 8 best logits; and it picks
+/// the reference's token wherever the top-2 margin exceeds that rounding.
+#[test]
+fn an_f32_checkpoint_matches_the_reference_at_prefill_and_every_decode() {
+    const TOL: f32 = 1e-3;
+    let expected = reference();
+    let dir = tempfile::tempdir().unwrap();
+    let model = default_model();
+    let args = [
+        model.to_str().unwrap(),
+        dir.path().to_str().unwrap(),
+        "f32",
+        "1",
+    ];
+    run_python("gguf_to_hf.py", &args);
+    let weights = load(dir.path(), LoadFormat::Safetensors).expect("load the f32 checkpoint");
+    drop(dir);
+    let mut r = runner_of(&weights, CacheDtype::Auto);
+    let mut worst: f32 = 0.0;
+    for (i, (p, e)) in PROMPTS.iter().zip(expected).enumerate() {
+        let mut s = Seq::new(p, 0);
+        s.tokens.extend(&e.tokens);
+        let mut logits = step(&mut r, &mut [&mut s], &[p.len()]).remove(0);
+        let err = max_abs_diff(&e.logits, &logits);
+        assert!(err < TOL, "prompt {i}: prefill logits differ by {err}");
+        for k in 0..e.tokens.len() {
+            if k > 0 {
+                logits = step(&mut r, &mut [&mut s], &[1]).remove(0);
+            }
+            let err = e.top[k]
+                .iter()
+                .map(|&(id, v)| (logits[id as usize] - v).abs())
+                .fold(0.0, f32::max);
+            worst = worst.max(err);
+            assert!(
+                err < TOL,
+                "prompt {i} step {k}: top-8 logits differ by {err}"
+            );
+            if e.margins[k] > 2.0 * TOL {
+                assert_eq!(argmax(&logits), e.tokens[k], "prompt {i} step {k}");
+            }
+        }
+    }
+    eprintln!("f32 checkpoint: worst top-8 logit error over the decodes {worst:e}");
 }
 
 /// The serving path: one prompt per step with the kernels' automatic

@@ -1,18 +1,37 @@
-//! Matrix x many-vectors products (prefill): dequantize a panel of weight
-//! rows to f32 once, then run a register-blocked FMA microkernel over all
-//! tokens, so the dequantization cost is amortised over the batch.
+//! Matrix x many-vectors products on 16-row panels: a register-blocked FMA
+//! microkernel over every token of the batch, so each weight loaded feeds
+//! several tokens.
 //!
 //! A panel holds [`NR`] = 16 rows for a chunk of `kc` columns, stored
 //! column-major (`panel[k * 16 + r]`) so one column is two AVX registers.
+//! Float matrices are kept in that layout from load on
+//! ([`float_panels`](super::float_panels)), in their own element type,
+//! widened in registers; quantized ones (when [`MatmulPath::Gemm`] is
+//! forced) are dequantized into an f32 panel first.
 //! The microkernel keeps a tile of [`MR`] = 6 tokens x 16 rows in 12
 //! registers; per column it loads two weight vectors, broadcasts six
-//! activations and issues 12 FMAs, so every load feeds several FMAs.
+//! activations and issues 12 FMAs, so every load feeds several FMAs. A
+//! single token (a decode) runs [`PANELS_AT_ONCE`] panels side by side
+//! instead, so that enough independent FMAs are in flight to keep up with
+//! memory.
+//!
+//! Every output is one chain of fused multiply-adds over its columns in
+//! order, a chain per column chunk added in order, whatever the batch,
+//! the tile or the family (the portable kernel fuses too): a token's result
+//! does not depend on the tokens beside it or on the CPU.
+//!
+//! [`MatmulPath::Gemm`]: super::MatmulPath::Gemm
 
 use std::cell::RefCell;
 use std::ops::Range;
 
-use super::weights::{WeightMatrix, QK};
+use half::{bf16, f16};
+
+use super::float_panels::{self, elems};
+use super::kv_elem::KvElem;
+use super::weights::{Packed, WeightMatrix, QK};
 use super::OutPtr;
+use crate::model::DType;
 
 /// Weight rows per panel (two 8-lane vectors).
 pub(crate) const NR: usize = 16;
@@ -35,6 +54,10 @@ fn column_chunks(cols: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..cols).step_by(kc).map(move |k0| (k0, kc.min(cols - k0)))
 }
 
+/// Panels a single-token product runs side by side (see the module doc).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const PANELS_AT_ONCE: usize = 4;
+
 /// Computes `out[t * rows + r]` for every row of the given panels (panel
 /// `p` covers rows `16 p .. 16 p + 16`) and every token of `x`, with the
 /// AVX2 microkernel when `simd` (the caller checked the CPU) or the portable one.
@@ -46,6 +69,91 @@ pub(crate) fn gemm_panels(
     out: OutPtr,
     simd: bool,
 ) {
+    let job = Product {
+        w,
+        x,
+        n_tokens,
+        out,
+        simd,
+    };
+    let Packed::FloatPanels(stored) = &w.data else {
+        return dequantized_panels(job, panels);
+    };
+    match w.dtype() {
+        DType::F32 => stored_panels(elems::<f32>(stored), job, panels),
+        DType::F16 => stored_panels(elems::<f16>(stored), job, panels),
+        _ => stored_panels(elems::<bf16>(stored), job, panels),
+    }
+}
+
+/// One product's operands: `out[t * rows + r] = (W x_t)[r]`.
+#[derive(Clone, Copy)]
+struct Product<'a> {
+    /// The weights.
+    w: &'a WeightMatrix,
+    /// `n_tokens` rows of `cols` activations.
+    x: &'a [f32],
+    /// Tokens in `x`.
+    n_tokens: usize,
+    /// `[n_tokens, rows]` results.
+    out: OutPtr,
+    /// Whether to run the AVX2 microkernels (the caller checked the CPU).
+    simd: bool,
+}
+
+/// [`gemm_panels`] over a float matrix's own panels.
+fn stored_panels<E: KvElem>(data: &[E], job: Product, panels: Range<usize>) {
+    let (rows, cols) = (job.w.rows(), job.w.cols());
+    for p in side_by_side(data, job, panels.clone())..panels.end {
+        let (r0, nr) = (p * NR, NR.min(rows - p * NR));
+        for (k0, kc) in column_chunks(cols) {
+            let at = float_panels::index(r0, k0, cols);
+            let tile = Tile {
+                panel: &data[at..at + kc * NR],
+                kc,
+                k0,
+                r0,
+                nr,
+                accumulate: k0 > 0,
+            };
+            tile.run_tokens(job);
+        }
+    }
+}
+
+/// A lone token's product over whole groups of [`PANELS_AT_ONCE`] panels
+/// from the start of `panels` (AVX2 only); returns the first panel left.
+fn side_by_side<E: KvElem>(data: &[E], job: Product, panels: Range<usize>) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if job.n_tokens == 1 && job.simd && super::cpu::CpuKernels::Avx2.is_supported() {
+        let (rows, cols) = (job.w.rows(), job.w.cols());
+        let mut p = panels.start;
+        // Whole panels only: a partial one writes through `Tile::run`.
+        while p + PANELS_AT_ONCE <= panels.end && (p + PANELS_AT_ONCE) * NR <= rows {
+            for (k0, kc) in column_chunks(cols) {
+                let at = float_panels::index(p * NR, k0, cols);
+                assert!(data.len() >= at + (PANELS_AT_ONCE - 1) * NR * cols + kc * NR);
+                // SAFETY: AVX2, FMA and F16C are present; the panels hold
+                // the `kc` columns read (asserted) and `x` holds `cols`
+                // values; this thread owns rows `16 p .. 16 (p + 4)`.
+                unsafe {
+                    let c = job.out.ptr().add(p * NR);
+                    let (w, stride) = (data.as_ptr().add(at), NR * cols);
+                    one_token_avx2::<E>(w, stride, kc, job.x.as_ptr().add(k0), c, k0 > 0);
+                }
+            }
+            p += PANELS_AT_ONCE;
+        }
+        return p;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (data, job);
+    panels.start
+}
+
+/// [`gemm_panels`] for a quantized matrix: each panel dequantized to f32.
+fn dequantized_panels(job: Product, panels: Range<usize>) {
+    let w = job.w;
     PANEL.with(|buf| {
         let mut buf = buf.borrow_mut();
         let kc_max = column_chunks(w.cols()).map(|(_, kc)| kc).max().unwrap_or(0);
@@ -67,12 +175,7 @@ pub(crate) fn gemm_panels(
                     nr,
                     accumulate: k0 > 0,
                 };
-                let mut t0 = 0;
-                while t0 < n_tokens {
-                    let mr = MR.min(n_tokens - t0);
-                    tile.run(w, x, t0, mr, out, simd);
-                    t0 += mr;
-                }
+                tile.run_tokens(job);
             }
         }
     });
@@ -95,10 +198,10 @@ fn pack_panel(w: &WeightMatrix, r0: usize, nr: usize, k0: usize, panel: &mut [f3
     }
 }
 
-/// One packed panel and where its results go.
-struct Tile<'a> {
-    /// Packed weights, `kc * 16`.
-    panel: &'a [f32],
+/// One panel chunk and where its results go.
+struct Tile<'a, E> {
+    /// The panel's columns `k0 .. k0 + kc`, `kc * 16` values.
+    panel: &'a [E],
     /// Columns in the panel.
     kc: usize,
     /// First column of the panel.
@@ -111,9 +214,22 @@ struct Tile<'a> {
     accumulate: bool,
 }
 
-impl Tile<'_> {
+impl<E: KvElem> Tile<'_, E> {
+    /// Multiplies the panel by every token, [`MR`] at a time.
+    fn run_tokens(&self, job: Product) {
+        let mut t0 = 0;
+        while t0 < job.n_tokens {
+            let mr = MR.min(job.n_tokens - t0);
+            self.run(job, t0, mr);
+            t0 += mr;
+        }
+    }
+
     /// Multiplies the panel by tokens `t0 .. t0 + mr` and stores the results.
-    fn run(&self, w: &WeightMatrix, x: &[f32], t0: usize, mr: usize, out: OutPtr, simd: bool) {
+    fn run(&self, job: Product, t0: usize, mr: usize) {
+        let Product {
+            w, x, out, simd, ..
+        } = job;
         let (rows, cols) = (w.rows(), w.cols());
         let xs = &x[t0 * cols + self.k0..];
         if self.nr == NR {
@@ -147,17 +263,17 @@ impl Tile<'_> {
         #[cfg(target_arch = "x86_64")]
         if simd && super::cpu::CpuKernels::Avx2.is_supported() {
             let (p, x, kc, acc) = (self.panel.as_ptr(), xs.as_ptr(), self.kc, self.accumulate);
-            // SAFETY: AVX2 is present (`simd`); the panel holds `kc * 16`
-            // values, `xs` was checked above, and `c` is valid for `mr` rows
-            // of 16 at stride `ldc` (see `run`).
+            // SAFETY: AVX2, FMA and F16C are present (`simd`); the panel
+            // holds `kc * 16` values, `xs` was checked above, and `c` is
+            // valid for `mr` rows of 16 at stride `ldc` (see `run`).
             unsafe {
                 match mr {
-                    1 => micro_avx2::<1>(p, kc, x, ldx, c, ldc, acc),
-                    2 => micro_avx2::<2>(p, kc, x, ldx, c, ldc, acc),
-                    3 => micro_avx2::<3>(p, kc, x, ldx, c, ldc, acc),
-                    4 => micro_avx2::<4>(p, kc, x, ldx, c, ldc, acc),
-                    5 => micro_avx2::<5>(p, kc, x, ldx, c, ldc, acc),
-                    _ => micro_avx2::<6>(p, kc, x, ldx, c, ldc, acc),
+                    1 => micro_avx2::<E, 1>(p, kc, x, ldx, c, ldc, acc),
+                    2 => micro_avx2::<E, 2>(p, kc, x, ldx, c, ldc, acc),
+                    3 => micro_avx2::<E, 3>(p, kc, x, ldx, c, ldc, acc),
+                    4 => micro_avx2::<E, 4>(p, kc, x, ldx, c, ldc, acc),
+                    5 => micro_avx2::<E, 5>(p, kc, x, ldx, c, ldc, acc),
+                    _ => micro_avx2::<E, 6>(p, kc, x, ldx, c, ldc, acc),
                 }
             }
             return;
@@ -170,7 +286,8 @@ impl Tile<'_> {
             for (t, acc) in acc.iter_mut().enumerate().take(mr) {
                 let xv = xs[t * ldx + k];
                 for (a, &wv) in acc.iter_mut().zip(wk) {
-                    *a += wv * xv;
+                    // Fused, as the SIMD kernels are: the same bits.
+                    *a = wv.to_f32().mul_add(xv, *a);
                 }
             }
         }
@@ -188,9 +305,9 @@ impl Tile<'_> {
 
 /// The AVX2 microkernel for `MR` tokens (see [`Tile::micro`]).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn micro_avx2<const MR: usize>(
-    panel: *const f32,
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn micro_avx2<E: KvElem, const MR: usize>(
+    panel: *const E,
     kc: usize,
     x: *const f32,
     ldx: usize,
@@ -201,8 +318,8 @@ unsafe fn micro_avx2<const MR: usize>(
     use std::arch::x86_64::*;
     let mut acc = [[_mm256_setzero_ps(); 2]; MR];
     for k in 0..kc {
-        let w0 = _mm256_load_ps(panel.add(k * NR));
-        let w1 = _mm256_load_ps(panel.add(k * NR + 8));
+        let w0 = E::load8(panel.add(k * NR));
+        let w1 = E::load8(panel.add(k * NR + 8));
         for (t, acc) in acc.iter_mut().enumerate() {
             let xb = _mm256_broadcast_ss(&*x.add(t * ldx + k));
             acc[0] = _mm256_fmadd_ps(w0, xb, acc[0]);
@@ -210,13 +327,49 @@ unsafe fn micro_avx2<const MR: usize>(
         }
     }
     for (t, acc) in acc.iter().enumerate() {
-        let dst = c.add(t * ldc);
-        let (mut a0, mut a1) = (acc[0], acc[1]);
-        if accumulate {
-            a0 = _mm256_add_ps(a0, _mm256_loadu_ps(dst));
-            a1 = _mm256_add_ps(a1, _mm256_loadu_ps(dst.add(8)));
-        }
-        _mm256_storeu_ps(dst, a0);
-        _mm256_storeu_ps(dst.add(8), a1);
+        store_rows(acc, c.add(t * ldc), accumulate);
     }
+}
+
+/// One token times [`PANELS_AT_ONCE`] whole panels `stride` values apart
+/// (`kc` columns each), into `c[0 .. 64]`: the decode's kernel. Each
+/// output is the same chain of FMAs as in [`micro_avx2`]; side by side,
+/// eight chains keep both FMA units busy where two waited on each other.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn one_token_avx2<E: KvElem>(
+    panels: *const E,
+    stride: usize,
+    kc: usize,
+    x: *const f32,
+    c: *mut f32,
+    accumulate: bool,
+) {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm256_setzero_ps(); 2]; PANELS_AT_ONCE];
+    for k in 0..kc {
+        let xb = _mm256_broadcast_ss(&*x.add(k));
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let w = panels.add(j * stride + k * NR);
+            acc[0] = _mm256_fmadd_ps(E::load8(w), xb, acc[0]);
+            acc[1] = _mm256_fmadd_ps(E::load8(w.add(8)), xb, acc[1]);
+        }
+    }
+    for (j, acc) in acc.iter().enumerate() {
+        store_rows(acc, c.add(j * NR), accumulate);
+    }
+}
+
+/// Stores (or adds to) 16 outputs at `dst`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn store_rows(acc: &[std::arch::x86_64::__m256; 2], dst: *mut f32, accumulate: bool) {
+    use std::arch::x86_64::*;
+    let (mut a0, mut a1) = (acc[0], acc[1]);
+    if accumulate {
+        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(dst));
+        a1 = _mm256_add_ps(a1, _mm256_loadu_ps(dst.add(8)));
+    }
+    _mm256_storeu_ps(dst, a0);
+    _mm256_storeu_ps(dst.add(8), a1);
 }

@@ -146,7 +146,7 @@ pub(crate) fn gemv_rows_scalar(
                     let block = |b| q8_block_at((qs.as_slice(), d), *group, blocks, r, b);
                     dot_q8((0..blocks).map(block), xq, dx)
                 }
-                Packed::F32(_) | Packed::F16(_) | Packed::BF16(_) => {
+                Packed::FloatPanels(_) => {
                     unreachable!("gemv is only for quantized weights")
                 }
             };

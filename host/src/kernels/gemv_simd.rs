@@ -160,7 +160,7 @@ unsafe fn chunk_rows<K: BlockSums, const NT: usize, const R: usize>(
             };
             rows_pass::<K, false, NT, R>(raw, rows, &x, t0, w.rows(), out);
         }
-        Packed::F32(_) | Packed::F16(_) | Packed::BF16(_) => {
+        Packed::FloatPanels(_) => {
             unreachable!("gemv is only for quantized weights")
         }
         Packed::Q4Interleaved { .. } | Packed::Q8Interleaved { .. } => {

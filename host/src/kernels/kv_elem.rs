@@ -1,6 +1,7 @@
 //! The element types a KV cache stores ([`KvElem`]): f32, and the
 //! half-width IEEE half and bfloat16 that halve the bytes a long-context
-//! decode reads.
+//! decode reads. Float weight matrices are kept in the same three types
+//! (see `float_panels`) and widened by the same loads.
 //!
 //! Attention computes in f32 whatever the cache holds: a row is widened as
 //! it is loaded. Widening is exact, so a kernel over half-width rows gives

@@ -372,17 +372,63 @@ mod tests {
     }
 
     #[test]
-    fn portable_gemm_matches_simd() {
+    fn portable_gemm_matches_simd_bit_for_bit() {
         let mut rng = Rng::new(8);
-        for dtype in [DType::Q4_1, DType::F16] {
-            let (rows, cols, n) = (40, 96, 13);
-            let w = random_matrix(&mut rng, dtype, rows, cols);
-            let x = rng.normals(n * cols);
-            let (mut a, mut b) = (vec![0f32; n * rows], vec![0f32; n * rows]);
-            gemm_panels(&w, &x, n, 0..rows.div_ceil(NR), OutPtr::new(&mut a), false);
-            gemm_panels(&w, &x, n, 0..rows.div_ceil(NR), OutPtr::new(&mut b), true);
-            assert!(rel_err(&a, &reference(&w, &x, n)) < 1e-5);
-            assert!(rel_err(&b, &a) < 1e-5, "{dtype:?}");
+        for dtype in [DType::Q4_1, DType::F32, DType::F16, DType::BF16] {
+            for (rows, cols, n) in [(40, 96, 13), (64, 96, 1)] {
+                let w = random_matrix(&mut rng, dtype, rows, cols);
+                let x = rng.normals(n * cols);
+                let (mut a, mut b) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+                gemm_panels(&w, &x, n, 0..rows.div_ceil(NR), OutPtr::new(&mut a), false);
+                gemm_panels(&w, &x, n, 0..rows.div_ceil(NR), OutPtr::new(&mut b), true);
+                assert!(rel_err(&a, &reference(&w, &x, n)) < 1e-5);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "{dtype:?} {rows}x{cols} n={n}");
+            }
+        }
+    }
+
+    /// Float weights: every token of a batch gets the bits it gets alone
+    /// from the portable kernel on one thread, whatever the batch (one
+    /// token: the decode's side-by-side panels; more: the 6-token tiles and
+    /// their tails), the family and the threads. Shapes: whole and partial
+    /// panels, groups of four panels with and without leftovers, two
+    /// column chunks (2080 > `KC_MAX`).
+    #[test]
+    fn float_weights_give_each_token_its_bits_alone_on_every_family() {
+        let mut rng = Rng::new(10);
+        let pools = [ThreadPool::new(1), ThreadPool::new(3)];
+        let n = 13;
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for (rows, cols) in [(37, 160), (128, 96), (100, 64), (3, 2080), (80, 2080)] {
+                let w = random_matrix(&mut rng, dtype, rows, cols);
+                let x = rng.normals(n * cols);
+                let product = |pool, kernels, batch: usize| {
+                    let mut out = vec![f32::NAN; n * rows];
+                    for t0 in (0..n).step_by(batch) {
+                        let m = batch.min(n - t0);
+                        let (x, out) = (
+                            &x[t0 * cols..][..m * cols],
+                            &mut out[t0 * rows..][..m * rows],
+                        );
+                        matmul_on(pool, &w, x, m, out, MatmulPath::Auto, kernels);
+                    }
+                    out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                };
+                let alone = product(&pools[0], CpuKernels::Scalar, 1);
+                for (pool, kernels) in pools
+                    .iter()
+                    .flat_map(|p| CpuKernels::available().into_iter().map(move |k| (p, k)))
+                {
+                    for batch in [1, 2, 6, 7, 13] {
+                        assert!(
+                            product(pool, kernels, batch) == alone,
+                            "{dtype:?} {rows}x{cols} {kernels:?} threads={} batch={batch}",
+                            pool.num_threads()
+                        );
+                    }
+                }
+            }
         }
     }
 

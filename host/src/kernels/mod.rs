@@ -5,8 +5,9 @@
 //!   batch of activation rows. Quantized weights use fused integer
 //!   dequantize-dot kernels at every batch size, which keeps each token's
 //!   result independent of its batch (see [`MatmulPath::Auto`]); float
-//!   weights dequantize 16-row panels to f32 once and run a
-//!   register-blocked FMA microkernel over the whole batch.
+//!   weights, kept from load in 16-row panels of their own type, run a
+//!   register-blocked FMA microkernel over the whole batch, one fused
+//!   chain per output whatever the batch or the family.
 //! - [`rms_norm`], [`silu_mul`], [`softmax_parts`], [`dot`], [`axpy`] and
 //!   [`RopeTable`] are the per-row pieces of a llama block; [`swiglu`]
 //!   runs the MLP's activation over a batch of rows on the pool.
@@ -26,6 +27,7 @@
 
 mod aligned;
 mod cpu;
+mod float_panels;
 mod gemm;
 #[cfg(target_arch = "x86_64")]
 mod gemm_amx;

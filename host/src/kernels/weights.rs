@@ -11,12 +11,15 @@
 //! The AVX2 and AVX-512 families want quantized matrices with groups of
 //! rows interleaved ([`Packed::Q4Interleaved`], [`Packed::Q8Interleaved`]);
 //! [`WeightMatrix::from_tensor_for`] repacks them so at load (the same
-//! bytes again, never a second copy).
+//! bytes again, never a second copy). Float matrices are stored in the
+//! 16-row panels the FMA microkernel reads, whatever the family
+//! ([`Packed::FloatPanels`]).
 
 use half::{bf16, f16};
 
 use super::aligned::AlignedBytes;
 use super::cpu::CpuKernels;
+use super::float_panels::{elems, read_row, to_panels};
 use super::interleaved::{interleave_q4, interleave_q8, q4_block_at, q8_block_at};
 use super::KernelError;
 use crate::model::{DType, Tensor};
@@ -43,12 +46,9 @@ pub(crate) const SCALE_PAD: usize = 8;
 /// Repacked weight data; per-row arrays are concatenated row after row, and
 /// scale arrays end with [`SCALE_PAD`] zeros.
 pub(crate) enum Packed {
-    /// Plain floats, `rows * cols`.
-    F32(Vec<f32>),
-    /// IEEE half bits, `rows * cols`.
-    F16(Vec<u16>),
-    /// bfloat16 bits, `rows * cols`.
-    BF16(Vec<u16>),
+    /// Float values (F32, F16 or BF16, the matrix's `dtype`) in 16-row
+    /// panels (see [`float_panels`](super::float_panels)).
+    FloatPanels(AlignedBytes),
     /// 8-bit blocks: `qs` holds `rows * cols` signed bytes, `d` one f16 scale
     /// per block (`rows * cols / 32`).
     Q8 { qs: AlignedBytes, d: Vec<u16> },
@@ -118,14 +118,8 @@ impl WeightMatrix {
             });
         }
         let data = match t.dtype {
-            DType::F32 => Packed::F32(
-                bytes
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                    .collect(),
-            ),
-            DType::F16 => Packed::F16(u16s(bytes)),
-            DType::BF16 => Packed::BF16(u16s(bytes)),
+            DType::F32 => Packed::FloatPanels(to_panels::<4>(bytes, rows, cols)),
+            DType::F16 | DType::BF16 => Packed::FloatPanels(to_panels::<2>(bytes, rows, cols)),
             // Straight from the checkpoint's blocks: no row-major copy first.
             DType::Q8_0 => match group {
                 Some(g) => interleave_q8(g, rows, cols / QK, |i| q8_0_block(bytes, i)),
@@ -159,15 +153,15 @@ impl WeightMatrix {
         self.dtype
     }
 
-    /// Its quantized bytes, the bulk of a quantized matrix; `None` for the
-    /// float types.
-    fn quants_mut(&mut self) -> Option<&mut AlignedBytes> {
+    /// Its bulk: the float panels, or the quantized bytes (their scales are
+    /// a sixteenth or less).
+    fn bulk_mut(&mut self) -> &mut AlignedBytes {
         match &mut self.data {
-            Packed::F32(_) | Packed::F16(_) | Packed::BF16(_) => None,
+            Packed::FloatPanels(panels) => panels,
             Packed::Q8 { qs, .. }
             | Packed::Q4 { qs, .. }
             | Packed::Q8Interleaved { qs, .. }
-            | Packed::Q4Interleaved { data: qs, .. } => Some(qs),
+            | Packed::Q4Interleaved { data: qs, .. } => qs,
         }
     }
 
@@ -194,17 +188,11 @@ impl WeightMatrix {
         let start = row * self.cols + k0;
         let n = out.len();
         match &self.data {
-            Packed::F32(v) => out.copy_from_slice(&v[start..start + n]),
-            Packed::F16(v) => {
-                for (o, &h) in out.iter_mut().zip(&v[start..start + n]) {
-                    *o = f16::from_bits(h).to_f32();
-                }
-            }
-            Packed::BF16(v) => {
-                for (o, &h) in out.iter_mut().zip(&v[start..start + n]) {
-                    *o = bf16::from_bits(h).to_f32();
-                }
-            }
+            Packed::FloatPanels(panels) => match self.dtype {
+                DType::F32 => read_row(elems::<f32>(panels), self.cols, row, k0, out),
+                DType::F16 => read_row(elems::<f16>(panels), self.cols, row, k0, out),
+                _ => read_row(elems::<bf16>(panels), self.cols, row, k0, out),
+            },
             Packed::Q8 { qs, d } => {
                 debug_assert!(start.is_multiple_of(QK) && n.is_multiple_of(QK));
                 let qs = &qs.as_slice()[start..start + n];
@@ -249,16 +237,14 @@ impl WeightMatrix {
     }
 }
 
-/// Moves the quantized bytes of `matrices` (a model's, all loaded) into
-/// one allocation on huge pages, values unchanged: a decode reads every
-/// weight once per token, and on 4 KiB pages nearly every page of them
-/// costs a TLB miss (see [`aligned::pack`](super::aligned::pack)).
+/// Moves the bulk of `matrices` (a model's, all loaded: float panels or
+/// quantized bytes) into one allocation on huge pages, values unchanged: a
+/// decode reads every weight once per token, and on 4 KiB pages nearly
+/// every page of them costs a TLB miss (see [`aligned::pack`](super::aligned::pack)).
 pub fn pack_weights<'a>(matrices: impl IntoIterator<Item = &'a mut WeightMatrix>) {
-    let mut quants: Vec<&mut AlignedBytes> = matrices
-        .into_iter()
-        .filter_map(WeightMatrix::quants_mut)
-        .collect();
-    super::aligned::pack(&mut quants);
+    let mut bulk: Vec<&mut AlignedBytes> =
+        matrices.into_iter().map(WeightMatrix::bulk_mut).collect();
+    super::aligned::pack(&mut bulk);
 }
 
 /// One 8-bit block as 32 floats.
@@ -290,14 +276,6 @@ impl std::fmt::Debug for WeightMatrix {
 #[inline]
 pub(crate) fn f16_to_f32(bits: u16) -> f32 {
     f16::from_bits(bits).to_f32()
-}
-
-/// Little-endian u16 values of `bytes`.
-fn u16s(bytes: &[u8]) -> Vec<u16> {
-    bytes
-        .chunks_exact(2)
-        .map(|b| u16::from_le_bytes([b[0], b[1]]))
-        .collect()
 }
 
 /// GGUF Q8_0 block `i` of `bytes` (f16 d, 32 x i8): its quants and scale.
