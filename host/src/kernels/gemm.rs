@@ -103,20 +103,11 @@ struct Product<'a> {
 
 /// [`gemm_panels`] over a float matrix's own panels.
 fn stored_panels<E: KvElem>(data: &[E], job: Product, panels: Range<usize>) {
-    let (rows, cols) = (job.w.rows(), job.w.cols());
+    let cols = job.w.cols();
     for p in side_by_side(data, job, panels.clone())..panels.end {
-        let (r0, nr) = (p * NR, NR.min(rows - p * NR));
         for (k0, kc) in column_chunks(cols) {
-            let at = float_panels::index(r0, k0, cols);
-            let tile = Tile {
-                panel: &data[at..at + kc * NR],
-                kc,
-                k0,
-                r0,
-                nr,
-                accumulate: k0 > 0,
-            };
-            tile.run_tokens(job);
+            let at = float_panels::index(p * NR, k0, cols);
+            Tile::new(&data[at..at + kc * NR], job.w, p, k0).run_tokens(job);
         }
     }
 }
@@ -164,27 +155,18 @@ fn dequantized_panels(job: Product, panels: Range<usize>) {
         let skip = buf.as_ptr().align_offset(64).min(16);
         let panel = &mut buf[skip..];
         for p in panels {
-            let (r0, nr) = (p * NR, NR.min(w.rows() - p * NR));
             for (k0, kc) in column_chunks(w.cols()) {
-                pack_panel(w, r0, nr, k0, &mut panel[..kc * NR]);
-                let tile = Tile {
-                    panel: &panel[..kc * NR],
-                    kc,
-                    k0,
-                    r0,
-                    nr,
-                    accumulate: k0 > 0,
-                };
-                tile.run_tokens(job);
+                pack_panel(w, p, k0, &mut panel[..kc * NR]);
+                Tile::new(&panel[..kc * NR], w, p, k0).run_tokens(job);
             }
         }
     });
 }
 
-/// Writes rows `r0 .. r0 + nr`, columns `k0 .. k0 + panel.len() / 16` of
-/// `w` into `panel` (column-major, 16 rows per column, missing rows zero).
-fn pack_panel(w: &WeightMatrix, r0: usize, nr: usize, k0: usize, panel: &mut [f32]) {
-    let kc = panel.len() / NR;
+/// Writes panel `p` (rows `16 p ..`), columns `k0 .. k0 + panel.len() / 16`
+/// of `w` into `panel` (column-major, 16 rows per column, missing rows zero).
+fn pack_panel(w: &WeightMatrix, p: usize, k0: usize, panel: &mut [f32]) {
+    let (kc, r0, nr) = (panel.len() / NR, p * NR, NR.min(w.rows() - p * NR));
     let mut row = [0f32; KC_MAX];
     for rr in 0..NR {
         if rr < nr {
@@ -214,7 +196,20 @@ struct Tile<'a, E> {
     accumulate: bool,
 }
 
-impl<E: KvElem> Tile<'_, E> {
+impl<'a, E: KvElem> Tile<'a, E> {
+    /// Columns `k0 .. k0 + panel.len() / 16` of panel `p` of `w`, held in
+    /// `panel`.
+    fn new(panel: &'a [E], w: &WeightMatrix, p: usize, k0: usize) -> Tile<'a, E> {
+        Tile {
+            panel,
+            kc: panel.len() / NR,
+            k0,
+            r0: p * NR,
+            nr: NR.min(w.rows() - p * NR),
+            accumulate: k0 > 0,
+        }
+    }
+
     /// Multiplies the panel by every token, [`MR`] at a time.
     fn run_tokens(&self, job: Product) {
         let mut t0 = 0;
