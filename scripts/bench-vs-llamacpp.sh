@@ -9,7 +9,9 @@
 # DEPTH=4096 runs both tests after that many tokens of context (llama-bench's
 # -d), which measures attention over a long context. KV_DTYPE=float16 gives
 # host the KV-cache type llama.cpp uses by default (host's own default, auto,
-# is f32 on the CPU); the table's header says which ran.
+# is f32 on the CPU); the table's header says which ran. MODEL=FILE.gguf
+# measures another GGUF instead of the default model, e.g. a float copy of
+# it from scripts/gguf-to-float.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,7 +19,7 @@ threads="${THREADS:-$(nproc)}"
 reps="${REPS:-5}"
 depth="${DEPTH:-0}"
 kv_dtype="${KV_DTYPE:-auto}"
-model=".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+model="${MODEL:-.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 bash scripts/fetch-model.sh >/dev/null
 llama="$(bash scripts/llamacpp-bin.sh)/llama-bench"
 cargo build --release -p host --bin host 2>/dev/null
