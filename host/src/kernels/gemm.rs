@@ -82,7 +82,8 @@ pub(crate) fn gemm_panels(
     match w.dtype() {
         DType::F32 => stored_panels(elems::<f32>(stored), job, panels),
         DType::F16 => stored_panels(elems::<f16>(stored), job, panels),
-        _ => stored_panels(elems::<bf16>(stored), job, panels),
+        DType::BF16 => stored_panels(elems::<bf16>(stored), job, panels),
+        other => unreachable!("float panels hold F32, F16 or BF16, not {other:?}"),
     }
 }
 

@@ -191,7 +191,8 @@ impl WeightMatrix {
             Packed::FloatPanels(panels) => match self.dtype {
                 DType::F32 => read_row(elems::<f32>(panels), self.cols, row, k0, out),
                 DType::F16 => read_row(elems::<f16>(panels), self.cols, row, k0, out),
-                _ => read_row(elems::<bf16>(panels), self.cols, row, k0, out),
+                DType::BF16 => read_row(elems::<bf16>(panels), self.cols, row, k0, out),
+                other => unreachable!("float panels hold F32, F16 or BF16, not {other:?}"),
             },
             Packed::Q8 { qs, d } => {
                 debug_assert!(start.is_multiple_of(QK) && n.is_multiple_of(QK));
