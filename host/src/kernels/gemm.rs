@@ -8,9 +8,13 @@
 //! ([`float_panels`](super::float_panels)), in their own element type,
 //! widened in registers; quantized ones (when [`MatmulPath::Gemm`] is
 //! forced) are dequantized into an f32 panel first.
-//! The microkernel keeps a tile of [`MR`] = 6 tokens x 16 rows in 12
+//! The AVX2 microkernel keeps a tile of [`MR`] = 6 tokens x 16 rows in 12
 //! registers; per column it loads two weight vectors, broadcasts six
-//! activations and issues 12 FMAs, so every load feeds several FMAs. A
+//! activations and issues 12 FMAs, so every load feeds several FMAs. Where
+//! the family has AVX-512, whole groups of [`MR_WIDE`] = 12 tokens run a
+//! tile of one 16-lane register per token instead: one weight vector
+//! loaded (and, for 16-bit weights, widened) per 12 FMAs, half the AVX2
+//! tile's loads and widenings per multiply-add. A
 //! single token (a decode) runs [`PANELS_AT_ONCE`] panels side by side
 //! instead, so that enough independent FMAs are in flight to keep up with
 //! memory.
@@ -27,6 +31,7 @@ use std::ops::Range;
 
 use half::{bf16, f16};
 
+use super::cpu::CpuKernels;
 use super::float_panels::{self, elems};
 use super::kv_elem::KvElem;
 use super::weights::{Packed, WeightMatrix, QK};
@@ -37,6 +42,9 @@ use crate::model::DType;
 pub(crate) const NR: usize = 16;
 /// Tokens per microkernel tile.
 const MR: usize = 6;
+/// Tokens per AVX-512 tile: one 16-lane register per token, so a loaded
+/// (and widened) weight vector feeds this many FMAs.
+const MR_WIDE: usize = 12;
 /// Upper bound on the columns of one panel chunk: 16 x 2048 floats (128 KiB)
 /// stays in L2, and every shape of the default model fits in one chunk.
 const KC_MAX: usize = 2048;
@@ -60,21 +68,21 @@ const PANELS_AT_ONCE: usize = 4;
 
 /// Computes `out[t * rows + r]` for every row of the given panels (panel
 /// `p` covers rows `16 p .. 16 p + 16`) and every token of `x`, with the
-/// AVX2 microkernel when `simd` (the caller checked the CPU) or the portable one.
+/// microkernels of family `kernels` (the caller checked the CPU).
 pub(crate) fn gemm_panels(
     w: &WeightMatrix,
     x: &[f32],
     n_tokens: usize,
     panels: Range<usize>,
     out: OutPtr,
-    simd: bool,
+    kernels: CpuKernels,
 ) {
     let job = Product {
         w,
         x,
         n_tokens,
         out,
-        simd,
+        kernels,
     };
     let Packed::FloatPanels(stored) = &w.data else {
         return dequantized_panels(job, panels);
@@ -98,8 +106,8 @@ struct Product<'a> {
     n_tokens: usize,
     /// `[n_tokens, rows]` results.
     out: OutPtr,
-    /// Whether to run the AVX2 microkernels (the caller checked the CPU).
-    simd: bool,
+    /// The kernel family to run (the caller checked the CPU).
+    kernels: CpuKernels,
 }
 
 /// [`gemm_panels`] over a float matrix's own panels.
@@ -117,7 +125,7 @@ fn stored_panels<E: KvElem>(data: &[E], job: Product, panels: Range<usize>) {
 /// from the start of `panels` (AVX2 only); returns the first panel left.
 fn side_by_side<E: KvElem>(data: &[E], job: Product, panels: Range<usize>) -> usize {
     #[cfg(target_arch = "x86_64")]
-    if job.n_tokens == 1 && job.simd && super::cpu::CpuKernels::Avx2.is_supported() {
+    if job.n_tokens == 1 && job.kernels >= CpuKernels::Avx2 && CpuKernels::Avx2.is_supported() {
         let (rows, cols) = (job.w.rows(), job.w.cols());
         let mut p = panels.start;
         // Whole panels only: a partial one writes through `Tile::run`.
@@ -211,9 +219,16 @@ impl<'a, E: KvElem> Tile<'a, E> {
         }
     }
 
-    /// Multiplies the panel by every token, [`MR`] at a time.
+    /// Multiplies the panel by every token: [`MR_WIDE`] at a time where
+    /// the family has AVX-512, then [`MR`] at a time.
     fn run_tokens(&self, job: Product) {
         let mut t0 = 0;
+        if wide(job.kernels) {
+            while t0 + MR_WIDE <= job.n_tokens {
+                self.run(job, t0, MR_WIDE);
+                t0 += MR_WIDE;
+            }
+        }
         while t0 < job.n_tokens {
             let mr = MR.min(job.n_tokens - t0);
             self.run(job, t0, mr);
@@ -224,7 +239,7 @@ impl<'a, E: KvElem> Tile<'a, E> {
     /// Multiplies the panel by tokens `t0 .. t0 + mr` and stores the results.
     fn run(&self, job: Product, t0: usize, mr: usize) {
         let Product {
-            w, x, out, simd, ..
+            w, x, out, kernels, ..
         } = job;
         let (rows, cols) = (w.rows(), w.cols());
         let xs = &x[t0 * cols + self.k0..];
@@ -232,18 +247,18 @@ impl<'a, E: KvElem> Tile<'a, E> {
             // SAFETY: `out` holds `n_tokens * rows` values and this thread
             // owns rows `r0 .. r0 + 16`.
             let c = unsafe { out.ptr().add(t0 * rows + self.r0) };
-            self.micro(xs, cols, mr, c, rows, simd);
+            self.micro(xs, cols, mr, c, rows, kernels);
             return;
         }
         // A partial panel goes through a full-width scratch tile.
-        let mut tmp = [0f32; MR * NR];
+        let mut tmp = [0f32; MR_WIDE * NR];
         for t in 0..mr {
             for r in 0..self.nr {
                 // SAFETY: in bounds, and owned by this thread, as above.
                 tmp[t * NR + r] = unsafe { out.read((t0 + t) * rows + self.r0 + r) };
             }
         }
-        self.micro(xs, cols, mr, tmp.as_mut_ptr(), NR, simd);
+        self.micro(xs, cols, mr, tmp.as_mut_ptr(), NR, kernels);
         for t in 0..mr {
             for r in 0..self.nr {
                 // SAFETY: as above.
@@ -253,15 +268,26 @@ impl<'a, E: KvElem> Tile<'a, E> {
     }
 
     /// `c[t * ldc + r] (+)= sum_k panel[k * 16 + r] * xs[t * ldx + k]` for
-    /// `t < mr`, `r < 16`.
-    fn micro(&self, xs: &[f32], ldx: usize, mr: usize, c: *mut f32, ldc: usize, simd: bool) {
-        assert!(mr <= MR && xs.len() >= (mr - 1) * ldx + self.kc);
+    /// `t < mr`, `r < 16`; `mr` is at most [`MR`], or [`MR_WIDE`] where the
+    /// family has AVX-512.
+    fn micro(
+        &self,
+        xs: &[f32],
+        ldx: usize,
+        mr: usize,
+        c: *mut f32,
+        ldc: usize,
+        kernels: CpuKernels,
+    ) {
+        let most = if wide(kernels) { MR_WIDE } else { MR };
+        assert!(mr <= most && xs.len() >= (mr - 1) * ldx + self.kc);
         #[cfg(target_arch = "x86_64")]
-        if simd && super::cpu::CpuKernels::Avx2.is_supported() {
+        if kernels >= CpuKernels::Avx2 && CpuKernels::Avx2.is_supported() {
             let (p, x, kc, acc) = (self.panel.as_ptr(), xs.as_ptr(), self.kc, self.accumulate);
-            // SAFETY: AVX2, FMA and F16C are present (`simd`); the panel
-            // holds `kc * 16` values, `xs` was checked above, and `c` is
-            // valid for `mr` rows of 16 at stride `ldc` (see `run`).
+            // SAFETY: AVX2, FMA and F16C are present (checked), AVX-512 F
+            // too for `MR_WIDE` tokens (`wide`); the panel holds `kc * 16`
+            // values, `xs` was checked above, and `c` is valid for `mr`
+            // rows of 16 at stride `ldc` (see `run`).
             unsafe {
                 match mr {
                     1 => micro_avx2::<E, 1>(p, kc, x, ldx, c, ldc, acc),
@@ -269,13 +295,13 @@ impl<'a, E: KvElem> Tile<'a, E> {
                     3 => micro_avx2::<E, 3>(p, kc, x, ldx, c, ldc, acc),
                     4 => micro_avx2::<E, 4>(p, kc, x, ldx, c, ldc, acc),
                     5 => micro_avx2::<E, 5>(p, kc, x, ldx, c, ldc, acc),
-                    _ => micro_avx2::<E, 6>(p, kc, x, ldx, c, ldc, acc),
+                    MR => micro_avx2::<E, MR>(p, kc, x, ldx, c, ldc, acc),
+                    MR_WIDE => micro_avx512::<E>(p, kc, x, ldx, c, ldc, acc),
+                    _ => unreachable!("tiles hold 1..={MR} or {MR_WIDE} tokens, not {mr}"),
                 }
             }
             return;
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = simd;
         let mut acc = [[0f32; NR]; MR];
         for k in 0..self.kc {
             let wk = &self.panel[k * NR..(k + 1) * NR];
@@ -297,6 +323,14 @@ impl<'a, E: KvElem> Tile<'a, E> {
             }
         }
     }
+}
+
+/// Whether family `kernels` runs [`MR_WIDE`]-token AVX-512 tiles (its
+/// CPU checked again, as the unsafe kernel needs).
+fn wide(kernels: CpuKernels) -> bool {
+    cfg!(target_arch = "x86_64")
+        && kernels >= CpuKernels::Avx512Vnni
+        && CpuKernels::Avx512Vnni.is_supported()
 }
 
 /// The AVX2 microkernel for `MR` tokens (see [`Tile::micro`]).
@@ -324,6 +358,40 @@ unsafe fn micro_avx2<E: KvElem, const MR: usize>(
     }
     for (t, acc) in acc.iter().enumerate() {
         store_rows(acc, c.add(t * ldc), accumulate);
+    }
+}
+
+/// The AVX-512 microkernel for [`MR_WIDE`] tokens: per column one
+/// 16-row weight vector, widened once, and an FMA per token into that
+/// token's register. Each output is the same chain of FMAs as in
+/// [`micro_avx2`], so the bits are the same.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+unsafe fn micro_avx512<E: KvElem>(
+    panel: *const E,
+    kc: usize,
+    x: *const f32,
+    ldx: usize,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm512_setzero_ps(); MR_WIDE];
+    for k in 0..kc {
+        let w = E::load16(panel.add(k * NR));
+        for (t, acc) in acc.iter_mut().enumerate() {
+            *acc = _mm512_fmadd_ps(w, _mm512_set1_ps(*x.add(t * ldx + k)), *acc);
+        }
+    }
+    for (t, acc) in acc.iter().enumerate() {
+        let dst = c.add(t * ldc);
+        let sum = if accumulate {
+            _mm512_add_ps(*acc, _mm512_loadu_ps(dst))
+        } else {
+            *acc
+        };
+        _mm512_storeu_ps(dst, sum);
     }
 }
 

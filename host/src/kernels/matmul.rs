@@ -109,8 +109,8 @@ pub fn matmul_on(
             pool.run(|i, n| gemv_rows(kernels, w, acts, n_tokens, split(rows, unit, i, n), out));
         });
     } else {
-        let (panels, simd) = (rows.div_ceil(NR), kernels >= CpuKernels::Avx2);
-        pool.run(|i, n| gemm_panels(w, x, n_tokens, split(panels, 1, i, n), out, simd));
+        let panels = rows.div_ceil(NR);
+        pool.run(|i, n| gemm_panels(w, x, n_tokens, split(panels, 1, i, n), out, kernels));
     }
 }
 
@@ -371,34 +371,49 @@ mod tests {
         }
     }
 
+    /// Every family's microkernels give the portable kernel's bits: one
+    /// token, 13 (two AVX2 tiles and a tail; an AVX-512 tile and a tail)
+    /// and 27 (two AVX-512 tiles and a tail), quantized (the forced GEMM)
+    /// and float.
     #[test]
-    fn portable_gemm_matches_simd_bit_for_bit() {
+    fn portable_gemm_matches_every_family_bit_for_bit() {
         let mut rng = Rng::new(8);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         for dtype in [DType::Q4_1, DType::F32, DType::F16, DType::BF16] {
-            for (rows, cols, n) in [(40, 96, 13), (64, 96, 1)] {
+            for (rows, cols, n) in [(40, 96, 13), (64, 96, 1), (72, 160, 27)] {
                 let w = random_matrix(&mut rng, dtype, rows, cols);
                 let x = rng.normals(n * cols);
-                let (mut a, mut b) = (vec![0f32; n * rows], vec![0f32; n * rows]);
-                gemm_panels(&w, &x, n, 0..rows.div_ceil(NR), OutPtr::new(&mut a), false);
-                gemm_panels(&w, &x, n, 0..rows.div_ceil(NR), OutPtr::new(&mut b), true);
-                assert!(rel_err(&a, &reference(&w, &x, n)) < 1e-5);
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&a), bits(&b), "{dtype:?} {rows}x{cols} n={n}");
+                let product = |kernels| {
+                    let mut out = vec![f32::NAN; n * rows];
+                    let panels = 0..rows.div_ceil(NR);
+                    gemm_panels(&w, &x, n, panels, OutPtr::new(&mut out), kernels);
+                    out
+                };
+                let portable = product(CpuKernels::Scalar);
+                assert!(rel_err(&portable, &reference(&w, &x, n)) < 1e-5);
+                for kernels in CpuKernels::available() {
+                    assert_eq!(
+                        bits(&product(kernels)),
+                        bits(&portable),
+                        "{kernels:?} {dtype:?} {rows}x{cols} n={n}"
+                    );
+                }
             }
         }
     }
 
     /// Float weights: every token of a batch gets the bits it gets alone
     /// from the portable kernel on one thread, whatever the batch (one
-    /// token: the decode's side-by-side panels; more: the 6-token tiles and
-    /// their tails), the family and the threads. Shapes: whole and partial
+    /// token: the decode's side-by-side panels; more: the 6-token tiles,
+    /// the 12-token AVX-512 ones and their tails), the family and the
+    /// threads. Shapes: whole and partial
     /// panels, groups of four panels with and without leftovers, two
     /// column chunks (2080 > `KC_MAX`).
     #[test]
     fn float_weights_give_each_token_its_bits_alone_on_every_family() {
         let mut rng = Rng::new(10);
         let pools = [ThreadPool::new(1), ThreadPool::new(3)];
-        let n = 13;
+        let n = 27;
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             for (rows, cols) in [(37, 160), (128, 96), (100, 64), (3, 2080), (80, 2080)] {
                 let w = random_matrix(&mut rng, dtype, rows, cols);
@@ -420,7 +435,7 @@ mod tests {
                     .iter()
                     .flat_map(|p| CpuKernels::available().into_iter().map(move |k| (p, k)))
                 {
-                    for batch in [1, 2, 6, 7, 13] {
+                    for batch in [1, 2, 6, 7, 13, 27] {
                         assert!(
                             product(pool, kernels, batch) == alone,
                             "{dtype:?} {rows}x{cols} {kernels:?} threads={} batch={batch}",
