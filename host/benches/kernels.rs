@@ -14,6 +14,11 @@
 //!   in f32 and in f16 (the `scores` and the weighted `values` passes).
 //! - `memory/read_96MiB`: the machine's read bandwidth on the same threads,
 //!   the ceiling decode's weight streaming is measured against.
+//! - `float/*`: the float GEMM of a prefill (512 tokens, the fused gate/up
+//!   shape, bf16 and f32 weights) on the AVX2 family and the active one,
+//!   in multiply-adds per second, and `fma/peak`: the FMA peak of the same
+//!   threads (independent register-only chains), the ceiling it is read
+//!   against.
 //! - `families/*`: the quantized matmuls on one thread with each CPU kernel
 //!   family this machine has (scalar, AVX2, AVX-512 VNNI) in the same run,
 //!   each on the weight layout it wants, at decode (1 token) and prefill (64
@@ -357,5 +362,116 @@ fn bandwidth(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, small, attention, shapes, crossover, families, model, bandwidth);
+/// Float weights as a checkpoint stores them: `rows x cols` random values
+/// in `dtype` (F32 or BF16), kept in the GEMM's panels.
+fn float_weight(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> WeightMatrix {
+    let values = rng.floats(rows * cols);
+    let bytes: Vec<u8> = match dtype {
+        DType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        _ => values
+            .iter()
+            .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+            .collect(),
+    };
+    let tensor = Tensor {
+        name: "bench".into(),
+        dtype,
+        shape: vec![rows, cols],
+        storage: Storage::Owned(Arc::new(bytes)),
+    };
+    WeightMatrix::from_tensor(&tensor).expect("valid bench tensor")
+}
+
+/// A float checkpoint's prefill GEMM, the fused gate/up shape at 512
+/// tokens, on AVX2 and on the active family (the AVX-512 tiles where it
+/// has them). Throughput in multiply-adds: criterion's Gelem/s is GMAC/s.
+fn float_gemm(c: &mut Criterion) {
+    let pool = ThreadPool::new(threads());
+    let mut rng = Rng(0xF10A7);
+    let (rows, cols, n) = (2 * FFN, HIDDEN, 512);
+    let x = rng.floats(n * cols);
+    let mut out = vec![0f32; n * rows];
+    let mut group = c.benchmark_group("float");
+    group
+        .sample_size(20)
+        .throughput(Throughput::Elements((rows * cols * n) as u64));
+    for dtype in [DType::BF16, DType::F32] {
+        let w = float_weight(&mut rng, dtype, rows, cols);
+        let mut families = vec![CpuKernels::Avx2, CpuKernels::active()];
+        families.dedup();
+        for kernels in families.into_iter().filter(|k| k.is_supported()) {
+            let id = format!("{dtype:?}_gate_up_pp512/{}", kernels.name());
+            group.bench_function(id, |b| {
+                b.iter(|| matmul_on(&pool, &w, &x, n, &mut out, MatmulPath::Auto, kernels))
+            });
+        }
+    }
+    group.finish();
+}
+
+/// The FMA peak of the pool's threads: each runs twelve independent chains
+/// of register-only multiply-adds, 16 lanes wide with AVX-512 F, else 8
+/// with AVX2 and FMA (none elsewhere). Throughput in multiply-adds.
+fn fma_peak(c: &mut Criterion) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::*;
+
+        const STEPS: usize = 1 << 20;
+        #[target_feature(enable = "avx512f,fma")]
+        unsafe fn chains16() -> f32 {
+            let (m, a) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
+            let mut acc = [_mm512_set1_ps(1.0); 12];
+            for _ in 0..STEPS {
+                for acc in acc.iter_mut() {
+                    *acc = _mm512_fmadd_ps(*acc, m, a);
+                }
+            }
+            acc.iter().map(|&v| _mm512_reduce_add_ps(v)).sum()
+        }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn chains8() -> f32 {
+            let (m, a) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+            let mut acc = [_mm256_set1_ps(1.0); 12];
+            for _ in 0..STEPS {
+                for acc in acc.iter_mut() {
+                    *acc = _mm256_fmadd_ps(*acc, m, a);
+                }
+            }
+            let mut lanes = [0f32; 8];
+            acc.iter().fold(0.0, |s, &v| {
+                _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+                s + lanes.iter().sum::<f32>()
+            })
+        }
+        let (lanes, chains): (usize, unsafe fn() -> f32) = if is_x86_feature_detected!("avx512f") {
+            (16, chains16)
+        } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            (8, chains8)
+        } else {
+            return;
+        };
+        let pool = ThreadPool::new(threads());
+        let macs = STEPS * 12 * lanes * pool.num_threads();
+        let mut group = c.benchmark_group("fma");
+        group
+            .sample_size(20)
+            .throughput(Throughput::Elements(macs as u64));
+        group.bench_function("peak", |b| {
+            // SAFETY: the CPU has the features `chains` needs (checked).
+            b.iter(|| {
+                pool.run(|_, _| {
+                    std::hint::black_box(unsafe { chains() });
+                })
+            })
+        });
+        group.finish();
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = c;
+}
+
+criterion_group!(
+    benches, small, attention, shapes, crossover, families, model, bandwidth, float_gemm, fma_peak
+);
 criterion_main!(benches);
