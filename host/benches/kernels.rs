@@ -96,6 +96,11 @@ fn tensor(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> Tensor {
         let quants = if dtype == DType::Q8_0 { 32 } else { 16 };
         bytes.extend((0..quants).map(|_| rng.next() as u8));
     }
+    tensor_of(dtype, rows, cols, bytes)
+}
+
+/// A `rows x cols` bench tensor of `dtype` holding `bytes`.
+fn tensor_of(dtype: DType, rows: usize, cols: usize, bytes: Vec<u8>) -> Tensor {
     Tensor {
         name: "bench".into(),
         dtype,
@@ -368,18 +373,13 @@ fn float_weight(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> Weight
     let values = rng.floats(rows * cols);
     let bytes: Vec<u8> = match dtype {
         DType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        _ => values
+        DType::BF16 => values
             .iter()
             .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
             .collect(),
+        other => panic!("float_weight makes F32 or BF16 weights, not {other:?}"),
     };
-    let tensor = Tensor {
-        name: "bench".into(),
-        dtype,
-        shape: vec![rows, cols],
-        storage: Storage::Owned(Arc::new(bytes)),
-    };
-    WeightMatrix::from_tensor(&tensor).expect("valid bench tensor")
+    WeightMatrix::from_tensor(&tensor_of(dtype, rows, cols, bytes)).expect("valid bench tensor")
 }
 
 /// A float checkpoint's prefill GEMM, the fused gate/up shape at 512

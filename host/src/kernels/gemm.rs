@@ -82,7 +82,7 @@ pub(crate) fn gemm_panels(
         x,
         n_tokens,
         out,
-        kernels,
+        tiles: Tiles::of(kernels),
     };
     let Packed::FloatPanels(stored) = &w.data else {
         return dequantized_panels(job, panels);
@@ -106,8 +106,45 @@ struct Product<'a> {
     n_tokens: usize,
     /// `[n_tokens, rows]` results.
     out: OutPtr,
-    /// The kernel family to run (the caller checked the CPU).
-    kernels: CpuKernels,
+    /// The microkernels to run.
+    tiles: Tiles,
+}
+
+/// The microkernels a product runs: chosen once per product from the
+/// kernel family and checked against this CPU, which the unsafe kernels
+/// rely on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Tiles {
+    /// The portable kernel.
+    Portable,
+    /// AVX2 + FMA + F16C: [`MR`]-token tiles, side-by-side panels for one
+    /// token.
+    Avx2,
+    /// AVX2's, plus [`MR_WIDE`]-token tiles in AVX-512 registers.
+    Avx512,
+}
+
+impl Tiles {
+    /// The tiles family `kernels` runs on this CPU.
+    fn of(kernels: CpuKernels) -> Tiles {
+        let x86 = cfg!(target_arch = "x86_64");
+        if x86 && kernels >= CpuKernels::Avx512Vnni && CpuKernels::Avx512Vnni.is_supported() {
+            Tiles::Avx512
+        } else if x86 && kernels >= CpuKernels::Avx2 && CpuKernels::Avx2.is_supported() {
+            Tiles::Avx2
+        } else {
+            Tiles::Portable
+        }
+    }
+
+    /// The most tokens one tile holds.
+    fn most_tokens(self) -> usize {
+        if self == Tiles::Avx512 {
+            MR_WIDE
+        } else {
+            MR
+        }
+    }
 }
 
 /// [`gemm_panels`] over a float matrix's own panels.
@@ -125,7 +162,7 @@ fn stored_panels<E: KvElem>(data: &[E], job: Product, panels: Range<usize>) {
 /// from the start of `panels` (AVX2 only); returns the first panel left.
 fn side_by_side<E: KvElem>(data: &[E], job: Product, panels: Range<usize>) -> usize {
     #[cfg(target_arch = "x86_64")]
-    if job.n_tokens == 1 && job.kernels >= CpuKernels::Avx2 && CpuKernels::Avx2.is_supported() {
+    if job.n_tokens == 1 && job.tiles >= Tiles::Avx2 {
         let (rows, cols) = (job.w.rows(), job.w.cols());
         let mut p = panels.start;
         // Whole panels only: a partial one writes through `Tile::run`.
@@ -223,7 +260,7 @@ impl<'a, E: KvElem> Tile<'a, E> {
     /// the family has AVX-512, then [`MR`] at a time.
     fn run_tokens(&self, job: Product) {
         let mut t0 = 0;
-        if wide(job.kernels) {
+        if job.tiles == Tiles::Avx512 {
             while t0 + MR_WIDE <= job.n_tokens {
                 self.run(job, t0, MR_WIDE);
                 t0 += MR_WIDE;
@@ -239,7 +276,7 @@ impl<'a, E: KvElem> Tile<'a, E> {
     /// Multiplies the panel by tokens `t0 .. t0 + mr` and stores the results.
     fn run(&self, job: Product, t0: usize, mr: usize) {
         let Product {
-            w, x, out, kernels, ..
+            w, x, out, tiles, ..
         } = job;
         let (rows, cols) = (w.rows(), w.cols());
         let xs = &x[t0 * cols + self.k0..];
@@ -247,7 +284,7 @@ impl<'a, E: KvElem> Tile<'a, E> {
             // SAFETY: `out` holds `n_tokens * rows` values and this thread
             // owns rows `r0 .. r0 + 16`.
             let c = unsafe { out.ptr().add(t0 * rows + self.r0) };
-            self.micro(xs, cols, mr, c, rows, kernels);
+            self.micro(xs, cols, mr, c, rows, tiles);
             return;
         }
         // A partial panel goes through a full-width scratch tile.
@@ -258,7 +295,7 @@ impl<'a, E: KvElem> Tile<'a, E> {
                 tmp[t * NR + r] = unsafe { out.read((t0 + t) * rows + self.r0 + r) };
             }
         }
-        self.micro(xs, cols, mr, tmp.as_mut_ptr(), NR, kernels);
+        self.micro(xs, cols, mr, tmp.as_mut_ptr(), NR, tiles);
         for t in 0..mr {
             for r in 0..self.nr {
                 // SAFETY: as above.
@@ -268,24 +305,15 @@ impl<'a, E: KvElem> Tile<'a, E> {
     }
 
     /// `c[t * ldc + r] (+)= sum_k panel[k * 16 + r] * xs[t * ldx + k]` for
-    /// `t < mr`, `r < 16`; `mr` is at most [`MR`], or [`MR_WIDE`] where the
-    /// family has AVX-512.
-    fn micro(
-        &self,
-        xs: &[f32],
-        ldx: usize,
-        mr: usize,
-        c: *mut f32,
-        ldc: usize,
-        kernels: CpuKernels,
-    ) {
-        let most = if wide(kernels) { MR_WIDE } else { MR };
-        assert!(mr <= most && xs.len() >= (mr - 1) * ldx + self.kc);
+    /// `t < mr`, `r < 16`; `mr` is at most `tiles.most_tokens()`.
+    fn micro(&self, xs: &[f32], ldx: usize, mr: usize, c: *mut f32, ldc: usize, tiles: Tiles) {
+        assert!(mr <= tiles.most_tokens() && xs.len() >= (mr - 1) * ldx + self.kc);
         #[cfg(target_arch = "x86_64")]
-        if kernels >= CpuKernels::Avx2 && CpuKernels::Avx2.is_supported() {
+        if tiles >= Tiles::Avx2 {
             let (p, x, kc, acc) = (self.panel.as_ptr(), xs.as_ptr(), self.kc, self.accumulate);
-            // SAFETY: AVX2, FMA and F16C are present (checked), AVX-512 F
-            // too for `MR_WIDE` tokens (`wide`); the panel holds `kc * 16`
+            // SAFETY: AVX2, FMA and F16C are present, and AVX-512 F too
+            // where `MR_WIDE` tokens pass the assert (`Tiles::of` checked
+            // the CPU); the panel holds `kc * 16`
             // values, `xs` was checked above, and `c` is valid for `mr`
             // rows of 16 at stride `ldc` (see `run`).
             unsafe {
@@ -323,14 +351,6 @@ impl<'a, E: KvElem> Tile<'a, E> {
             }
         }
     }
-}
-
-/// Whether family `kernels` runs [`MR_WIDE`]-token AVX-512 tiles (its
-/// CPU checked again, as the unsafe kernel needs).
-fn wide(kernels: CpuKernels) -> bool {
-    cfg!(target_arch = "x86_64")
-        && kernels >= CpuKernels::Avx512Vnni
-        && CpuKernels::Avx512Vnni.is_supported()
 }
 
 /// The AVX2 microkernel for `MR` tokens (see [`Tile::micro`]).

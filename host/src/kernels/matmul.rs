@@ -406,9 +406,8 @@ mod tests {
     /// from the portable kernel on one thread, whatever the batch (one
     /// token: the decode's side-by-side panels; more: the 6-token tiles,
     /// the 12-token AVX-512 ones and their tails), the family and the
-    /// threads. Shapes: whole and partial
-    /// panels, groups of four panels with and without leftovers, two
-    /// column chunks (2080 > `KC_MAX`).
+    /// threads. Shapes: whole and partial panels, groups of four panels
+    /// with and without leftovers, two column chunks (2080 > `KC_MAX`).
     #[test]
     fn float_weights_give_each_token_its_bits_alone_on_every_family() {
         let mut rng = Rng::new(10);
