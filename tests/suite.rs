@@ -40,5 +40,6 @@ mod server_tokenize;
 mod server_tools;
 mod server_web;
 mod sleep_mode;
+mod speculative;
 mod tensor_parallel;
 mod tokenizer_agreement;

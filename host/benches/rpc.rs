@@ -117,6 +117,7 @@ fn busy_step() -> SchedulerOutput {
         total_num_scheduled_tokens: 64 + 512,
         finished_req_ids: vec![],
         preempted_req_ids: vec![],
+        scheduled_spec_decode_tokens: Default::default(),
     }
 }
 

@@ -439,7 +439,8 @@ impl Worker {
     }
 
     /// Samples the step [`Worker::execute_model`] ran: one token for each
-    /// request that reached the end of its known tokens, as `(handle, [token])`.
+    /// request that reached the end of its known tokens, or for a request
+    /// verifying drafts the drafts it kept and one token after them.
     pub fn sample_tokens(&mut self) -> Result<ModelRunnerOutput, WorkerError> {
         let (mut plan, mut out) = match self.pending.take() {
             Some(Pending::Device(plan, tokens)) => {
@@ -447,17 +448,7 @@ impl Worker {
                 (plan, out)
             }
             Some(Pending::Host(mut plan, mut logits)) => {
-                let out = match self.input_batch.apply_processors(&mut plan, &mut logits) {
-                    Ok(()) => self.input_batch.sample(&plan, &mut logits)?,
-                    // An older processor faulted under `on_error = "fail"`: the
-                    // requests whose rows it was given fail; the engine and the
-                    // other requests carry on. (A 0.4 processor's failures are
-                    // per request, in `plan`.)
-                    Err(e) => {
-                        self.input_batch.fail(plan.sampling_handles());
-                        ModelRunnerOutput::failed(plan.sampling_handles(), &e.to_string())
-                    }
-                };
+                let out = self.input_batch.sample_step(&mut plan, &mut logits)?;
                 (plan, out)
             }
             None => return Ok(ModelRunnerOutput::default()),

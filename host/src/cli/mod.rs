@@ -7,7 +7,7 @@ mod bench;
 mod bench_profile;
 mod bench_throughput;
 mod generate;
-mod kv_events_flag;
+mod json_flag;
 mod launcher_env;
 mod plugin;
 mod plugin_build;
@@ -114,6 +114,10 @@ struct EngineArgs {
     /// [kv_events].
     #[arg(long, global = true, value_name = "JSON")]
     kv_events_config: Option<String>,
+    /// Speculative decoding by n-gram lookup, as vLLM's JSON object, e.g.
+    /// '{"method": "ngram", "num_speculative_tokens": 4}' [speculative].
+    #[arg(long, global = true, value_name = "JSON")]
+    speculative_config: Option<String>,
     /// Engine cores behind the API server [parallel.data_parallel_size].
     #[arg(long, global = true)]
     data_parallel_size: Option<usize>,
@@ -212,7 +216,10 @@ impl EngineArgs {
     fn load(&self, more: &[String]) -> anyhow::Result<EngineConfig> {
         let mut overrides = self.overrides();
         if let Some(json) = &self.kv_events_config {
-            overrides.extend(kv_events_flag::overrides(json)?);
+            overrides.extend(json_flag::KV_EVENTS.overrides(json)?);
+        }
+        if let Some(json) = &self.speculative_config {
+            overrides.extend(json_flag::SPECULATIVE.overrides(json)?);
         }
         overrides.extend_from_slice(more);
         let mut config = EngineConfig::load(self.config.as_deref(), &overrides)?;

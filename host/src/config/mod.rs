@@ -10,12 +10,13 @@
 //! The sections: `model.rs` (`[model]`, `[scheduler]`, `[cache]`,
 //! `[worker]`), `parallel.rs` (`[parallel]`, `[engine]`, `[kv_events]`),
 //! `plugins.rs` (`[plugins]`, `[structured_outputs]`), `server.rs`
-//! (`[server]`).
+//! (`[server]`), `speculative.rs` (`[speculative]`).
 
 mod model;
 mod parallel;
 mod plugins;
 mod server;
+mod speculative;
 #[cfg(test)]
 mod tests;
 mod validate;
@@ -33,6 +34,7 @@ pub use plugins::{
     GrantConfig, PluginsConfig, StructuredOutputsConfig, DEFAULT_STRUCTURED_OUTPUTS_BACKEND,
 };
 pub use server::ServerConfig;
+pub use speculative::{SpeculativeConfig, MAX_SPECULATIVE_TOKENS};
 pub use validate::{EXECUTOR_BACKENDS, MAX_DATA_PARALLEL_SIZE, WORKER_CLASSES};
 
 /// Where `scripts/fetch-model.sh` puts the default model, under `root`.
@@ -65,6 +67,8 @@ pub struct EngineConfig {
     pub engine: RestartConfig,
     /// KV-cache events for prefix-aware routers (vLLM's `--kv-events-config`).
     pub kv_events: KvEventsConfig,
+    /// Speculative decoding by n-gram lookup (vLLM's `--speculative-config`).
+    pub speculative: SpeculativeConfig,
 }
 
 /// A configuration that could not be read or is not valid.

@@ -147,7 +147,8 @@ pub struct SchedulerConfig {
     pub policy: String,
     /// Schedule step N+1 while step N runs (vLLM's async scheduling): the
     /// engine's own work per step overlaps the forward pass. The outputs
-    /// are the same either way.
+    /// are the same either way. Off while speculative decoding is on (a
+    /// step's drafts come from the step before).
     pub async_scheduling: bool,
 }
 

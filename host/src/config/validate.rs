@@ -167,6 +167,15 @@ impl EngineConfig {
             );
         }
         self.kv_events.validate()?;
+        self.speculative.validate()?;
+        if self.speculative.enabled() && self.worker.cls == "gpu" {
+            return invalid(
+                "speculative.num_speculative_tokens",
+                "speculative decoding runs on the CPU worker only (the GPU runner does not \
+                 return the logits of draft positions yet): set it to 0 or use worker.cls = \"cpu\""
+                    .into(),
+            );
+        }
         if self.parallel.tensor_parallel_size == 0 {
             return invalid("parallel.tensor_parallel_size", "must be at least 1".into());
         }

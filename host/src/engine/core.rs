@@ -324,7 +324,13 @@ impl EngineCore {
                 new_token_ids: o.new_token_ids.to_vec(),
                 finish_reason: o.finish_reason,
                 num_cached_tokens: o.num_cached_tokens,
-                new_logprobs: sampled.logprobs_of(o.handle).cloned().into_iter().collect(),
+                // Tokens after a stop were dropped: so are their logprobs.
+                new_logprobs: sampled
+                    .logprobs_of(o.handle)
+                    .iter()
+                    .take(o.new_token_ids.len())
+                    .cloned()
+                    .collect(),
                 error: match o.finish_reason {
                     Some(FinishReason::Error) => sampled.failure_of(o.handle).map(str::to_string),
                     _ => None,

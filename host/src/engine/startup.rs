@@ -100,8 +100,13 @@ pub fn build_engine_core(config: &EngineConfig) -> anyhow::Result<(EngineCore, T
         },
         policy,
     )?;
-    let mut core =
-        EngineCore::new(scheduler, executor).with_async_scheduling(sched.async_scheduling);
+    // A step's drafts come from the tokens of the step before, so with
+    // speculative decoding no step is scheduled while another runs.
+    let async_scheduling = sched.async_scheduling && !config.speculative.enabled();
+    if sched.async_scheduling && !async_scheduling {
+        tracing::info!("speculative decoding is on: steps run one at a time (no async scheduling)");
+    }
+    let mut core = EngineCore::new(scheduler, executor).with_async_scheduling(async_scheduling);
     let rank = config.parallel.data_parallel_rank;
     if config.kv_events.enabled() {
         let kv_events = kv_events::for_rank(&config.kv_events, rank)?;

@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::ngram::NgramProposer;
 use super::SchedulerError;
 use crate::config::EngineConfig;
 
@@ -42,6 +43,13 @@ pub struct SchedulerConfig {
     /// The scheduling policy's qualified name: `builtin:fcfs` or
     /// `builtin:priority` (plugins are passed to `Scheduler::with_policy`).
     pub policy: String,
+    /// Most draft tokens a decode verifies per step (speculative decoding
+    /// by n-gram lookup); 0 turns it off.
+    pub num_speculative_tokens: u32,
+    /// Shortest suffix the n-gram lookup matches.
+    pub prompt_lookup_min: u32,
+    /// Longest suffix the n-gram lookup tries first.
+    pub prompt_lookup_max: u32,
 }
 
 impl Default for SchedulerConfig {
@@ -78,7 +86,7 @@ impl SchedulerConfig {
                 reason: format!("must be at most {}", u32::MAX),
             })
         };
-        let (sched, cache) = (&config.scheduler, &config.cache);
+        let (sched, cache, spec) = (&config.scheduler, &config.cache, &config.speculative);
         Ok(Self {
             max_num_seqs: narrow("max_num_seqs", sched.max_num_seqs)?,
             max_num_batched_tokens: narrow("max_num_batched_tokens", sched.max_num_batched_tokens)?,
@@ -93,6 +101,18 @@ impl SchedulerConfig {
             enable_prefix_caching: cache.enable_prefix_caching,
             eos_token_id: None,
             policy: "builtin:fcfs".to_string(),
+            num_speculative_tokens: narrow("num_speculative_tokens", spec.num_speculative_tokens)?,
+            prompt_lookup_min: narrow("prompt_lookup_min", spec.lookup_min())?,
+            prompt_lookup_max: narrow("prompt_lookup_max", spec.lookup_max())?,
+        })
+    }
+
+    /// The n-gram proposer, when speculative decoding is on.
+    pub fn ngram_proposer(&self) -> Option<NgramProposer> {
+        (self.num_speculative_tokens > 0).then_some(NgramProposer {
+            num_speculative_tokens: self.num_speculative_tokens as usize,
+            min_n: self.prompt_lookup_min as usize,
+            max_n: self.prompt_lookup_max as usize,
         })
     }
 
@@ -113,6 +133,18 @@ impl SchedulerConfig {
                     reason: "must be at least 1".into(),
                 });
             }
+        }
+        if self.num_speculative_tokens > 0
+            && !(1..=self.prompt_lookup_max).contains(&self.prompt_lookup_min)
+        {
+            return Err(SchedulerError::InvalidConfig {
+                field: "prompt_lookup_min",
+                value: self.prompt_lookup_min.to_string(),
+                reason: format!(
+                    "must be at least 1 and at most prompt_lookup_max ({})",
+                    self.prompt_lookup_max
+                ),
+            });
         }
         if !self.enable_chunked_prefill && self.max_num_batched_tokens < self.max_model_len {
             return Err(SchedulerError::InvalidConfig {

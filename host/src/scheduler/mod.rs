@@ -14,6 +14,7 @@
 
 pub mod config;
 pub mod error;
+mod ngram;
 pub mod output;
 pub mod policy;
 mod policy_plugin;
@@ -30,9 +31,11 @@ mod tests;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
+pub use crate::step::NewTokens;
 pub use config::SchedulerConfig;
 pub use error::SchedulerError;
-pub use output::{NewTokens, RequestOutput};
+pub use ngram::NgramProposer;
+pub use output::RequestOutput;
 pub use policy::{
     builtin_policy, Fcfs, Priority, RunningView, SchedulingPolicy, WaitingView, BUILTIN_POLICIES,
 };
@@ -55,6 +58,15 @@ pub struct SchedulerStats {
     pub prefix_cache: PrefixCacheStats,
     /// Preemptions since start.
     pub num_preemptions: u64,
+    /// Speculative decoding: draft tokens proposed and verified since start.
+    #[serde(default)]
+    pub num_draft_tokens: u64,
+    /// Speculative decoding: draft tokens kept since start.
+    #[serde(default)]
+    pub num_accepted_tokens: u64,
+    /// Speculative decoding: steps of a request that verified drafts.
+    #[serde(default)]
+    pub num_drafts: u64,
     /// Policy answers that were invalid and replaced by FCFS.
     pub num_policy_fallbacks: u64,
     /// The KV cache's shape, for `vllm:cache_config_info`.
@@ -85,6 +97,8 @@ struct Scratch {
     seen: Vec<bool>,
     /// Per slot: the step whose output last listed it (update dedup).
     mark: Vec<u64>,
+    /// This step's draft tokens, all requests' concatenated.
+    drafts: Vec<u32>,
 }
 
 /// How a request entered this step's schedule.
@@ -95,13 +109,16 @@ enum Kind {
     Resumed,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Scheduled {
     handle: ReqHandle,
     num_tokens: usize,
     /// First block of the table added this step.
     first_new_block: usize,
     kind: Kind,
+    /// The request's draft tokens, `scratch.drafts[drafts]` (counted in
+    /// `num_tokens`).
+    drafts: std::ops::Range<usize>,
 }
 
 /// vLLM V1's scheduler over a [`KVCacheManager`] and a [`SchedulingPolicy`].
@@ -123,7 +140,18 @@ pub struct Scheduler {
     step_id: u64,
     num_preemptions: u64,
     num_policy_fallbacks: u64,
+    /// Proposes draft tokens, when speculative decoding is on.
+    proposer: Option<NgramProposer>,
+    spec_stats: SpecStats,
     scratch: Scratch,
+}
+
+/// Speculative decoding's counters (see [`SchedulerStats`]).
+#[derive(Debug, Default, Clone, Copy)]
+struct SpecStats {
+    drafts: u64,
+    draft_tokens: u64,
+    accepted_tokens: u64,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -156,6 +184,8 @@ impl Scheduler {
             config.enable_prefix_caching,
         )?;
         Ok(Self {
+            proposer: config.ngram_proposer(),
+            spec_stats: SpecStats::default(),
             config,
             kv,
             policy,
@@ -387,6 +417,9 @@ impl Scheduler {
             kv_cache_usage: self.kv.usage(),
             prefix_cache: self.kv.prefix_cache_stats(),
             num_preemptions: self.num_preemptions,
+            num_draft_tokens: self.spec_stats.draft_tokens,
+            num_accepted_tokens: self.spec_stats.accepted_tokens,
+            num_drafts: self.spec_stats.drafts,
             num_policy_fallbacks: self.num_policy_fallbacks,
             cache_config: CacheConfigInfo {
                 block_size: self.config.block_size,

@@ -9,7 +9,9 @@
 //! scheduler; stop decisions are re-derived from the tokens with an
 //! independent rule. Each sampled token is a function of the request and
 //! its position, so every request's tokens must come out the same whatever
-//! the batching, preemption or pipelining.
+//! the batching, preemption, pipelining or speculative decoding (the mirror
+//! keeps each draft that equals the token of its position, as sampling
+//! would).
 
 use std::collections::HashMap;
 
@@ -33,6 +35,8 @@ struct Cfg {
     threshold: u32,
     caching: bool,
     priority: bool,
+    /// `num_speculative_tokens` (0: off) and the n-gram lengths.
+    spec: (u32, u32, u32),
 }
 
 #[derive(Debug, Clone)]
@@ -59,9 +63,20 @@ fn cfg_strategy() -> impl Strategy<Value = Cfg> {
         prop_oneof![Just(0u32), 1u32..24],
         any::<bool>(),
         any::<bool>(),
+        (prop_oneof![Just(0u32), 1u32..6], 1u32..3, 0u32..2),
     )
         .prop_map(
-            |(block_size, blocks, max_num_seqs, budget, chunked, threshold, caching, priority)| {
+            |(
+                block_size,
+                blocks,
+                max_num_seqs,
+                budget,
+                chunked,
+                threshold,
+                caching,
+                priority,
+                (k, min_n, extra),
+            )| {
                 Cfg {
                     block_size,
                     // Keep the cache small in tokens so preemption happens often.
@@ -72,6 +87,7 @@ fn cfg_strategy() -> impl Strategy<Value = Cfg> {
                     threshold,
                     caching,
                     priority,
+                    spec: (k, min_n, min_n + extra),
                 }
             },
         )
@@ -178,6 +194,9 @@ fn run(cfg: Cfg, specs: Vec<Spec>, seed: u64, depth: usize) -> Result<(), TestCa
             "builtin:fcfs"
         }
         .into(),
+        num_speculative_tokens: cfg.spec.0,
+        prompt_lookup_min: cfg.spec.1,
+        prompt_lookup_max: cfg.spec.2,
     };
     let budget = config.max_num_batched_tokens;
     let mut s = Scheduler::new(config).unwrap();
@@ -309,6 +328,11 @@ fn run(cfg: Cfg, specs: Vec<Spec>, seed: u64, depth: usize) -> Result<(), TestCa
         cfg.num_blocks,
         "blocks leaked"
     );
+    let spec = s.make_stats();
+    prop_assert!(spec.num_accepted_tokens <= spec.num_draft_tokens);
+    if cfg.spec.0 == 0 {
+        prop_assert_eq!(spec.num_draft_tokens, 0);
+    }
     let stats = s.make_stats().prefix_cache;
     prop_assert!(stats.hits <= stats.queries);
     if !cfg.caching {
@@ -319,7 +343,8 @@ fn run(cfg: Cfg, specs: Vec<Spec>, seed: u64, depth: usize) -> Result<(), TestCa
 
 /// Checks one scheduled step and runs it on the mirror worker: applies the
 /// deltas, advances the computed tokens and samples a token for each
-/// request that reached the end of the tokens the worker knows.
+/// request that reached the end of the tokens the worker knows, keeping
+/// the drafts that equal their position's token and one token after them.
 fn execute(
     cfg: &Cfg,
     s: &mut Scheduler,
@@ -328,7 +353,7 @@ fn execute(
     handle_spec: &HashMap<ReqHandle, usize>,
     specs: &[Spec],
     budget: u32,
-) -> Result<Vec<(ReqHandle, [u32; 1])>, TestCaseError> {
+) -> Result<Vec<(ReqHandle, Vec<u32>)>, TestCaseError> {
     let bs = cfg.block_size as usize;
     // Budget, batch size and shape.
     let total: u32 = out.num_scheduled_tokens.iter().map(|(_, n)| n).sum();
@@ -378,7 +403,13 @@ fn execute(
         m.computed = c.num_computed_tokens[i] as usize;
     }
     let mut sampled = Vec::new();
+    let spec = &out.scheduled_spec_decode_tokens;
     for &(h, n) in &out.num_scheduled_tokens {
+        let drafts = match spec.handles.iter().position(|&d| d == h) {
+            Some(k) => spec.drafts(k),
+            None => &[],
+        };
+        prop_assert!(drafts.len() <= cfg.spec.0 as usize);
         let m = mirror.get_mut(&h).unwrap();
         m.computed += n as usize;
         let r = s.request(h).unwrap();
@@ -389,17 +420,30 @@ fn execute(
             "block table does not cover computed tokens"
         );
         prop_assert!(
-            m.computed <= m.known,
+            m.computed <= m.known + drafts.len(),
             "scheduled a token the worker has not sampled"
+        );
+        prop_assert!(
+            drafts.is_empty() || m.computed == m.known + drafts.len(),
+            "drafts that do not follow the last known token"
         );
         let i = handle_spec[&h];
         prop_assert!(
             m.computed < m.prompt_len + specs[i].max_tokens as usize,
             "computed past the request's last possible token"
         );
-        if m.computed == m.known {
-            sampled.push((h, [token_at(i, m.known - m.prompt_len)]));
-            m.known += 1;
+        if m.computed == m.known + drafts.len() {
+            let mut tokens = Vec::new();
+            for j in 0..=drafts.len() {
+                let t = token_at(i, m.known + j - m.prompt_len);
+                tokens.push(t);
+                if drafts.get(j) != Some(&t) {
+                    break;
+                }
+            }
+            m.computed -= drafts.len() + 1 - tokens.len();
+            m.known += tokens.len();
+            sampled.push((h, tokens));
         }
     }
     Ok(sampled)

@@ -65,6 +65,10 @@ pub struct Request {
     /// previous one's token is known, so it computes a placeholder the worker
     /// fills in).
     pub(super) num_output_placeholders: usize,
+    /// Draft tokens the in-flight step verifies (speculative decoding):
+    /// counted in `num_computed_tokens` until the step's tokens say how
+    /// many were kept.
+    pub(super) num_draft_tokens: usize,
     /// Prefix-cache hit at first admission; `None` before it.
     pub(super) num_cached_tokens: Option<usize>,
     pub(super) num_preemptions: u32,
@@ -96,6 +100,7 @@ impl Request {
             status: RequestStatus::Waiting,
             num_computed_tokens: 0,
             num_output_placeholders: 0,
+            num_draft_tokens: 0,
             num_cached_tokens: None,
             num_preemptions: 0,
             kv: RequestBlocks::new(None),

@@ -1,6 +1,8 @@
 //! `Scheduler::schedule`: one step's token budget handed out to running
 //! requests, then to waiting ones, with preemption by recompute.
 
+use std::ops::Range;
+
 use super::policy::{is_valid_order, RunningView, WaitingView};
 use super::request::{Request, RequestStatus};
 use super::{Kind, Scheduled, Scheduler};
@@ -33,6 +35,9 @@ impl Scheduler {
     ///    (blocks freed, `num_computed_tokens = 0`, back to the front of the
     ///    waiting queue) and the allocation retried; if the victim is the
     ///    request itself, the running pass stops.
+    ///    With speculative decoding on, a running decode whose last token is
+    ///    known also gets the n-gram proposer's draft tokens within the
+    ///    budget (dropped first when its blocks cannot be allocated).
     /// 2. Only if nothing was preempted: waiting requests in the policy's
     ///    order, while budget, `max_num_seqs` and blocks allow, with
     ///    prefix-cache hits counted as computed. Without chunked prefill a
@@ -59,6 +64,7 @@ impl Scheduler {
 
         let mut scheduled = std::mem::take(&mut self.scratch.scheduled);
         scheduled.clear();
+        self.scratch.drafts.clear();
         let mut budget = self.config.max_num_batched_tokens as usize;
         let preempted_any = self.schedule_running(&mut scheduled, &mut budget, out);
         if !preempted_any {
@@ -99,17 +105,24 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
+            let mut drafts = self.propose(h, missing, *budget - n);
             let allocated = loop {
                 let req = req_mut(&mut self.slots, h);
                 let got = self.kv.allocate_slots(
                     &mut req.kv,
                     &req.all_token_ids,
                     req.num_computed_tokens,
-                    n,
+                    n + drafts.len(),
                     &ComputedBlocks::NONE,
                 );
                 if let Some(range) = got {
                     break Some(range.start);
+                }
+                if !drafts.is_empty() {
+                    // Drafts are a bet: drop them before preempting anyone.
+                    self.scratch.drafts.truncate(drafts.start);
+                    drafts = drafts.start..drafts.start;
+                    continue;
                 }
                 let v = self.pick_victim();
                 let victim = self.running.remove(v);
@@ -131,16 +144,43 @@ impl Scheduler {
             let Some(first_new_block) = allocated else {
                 break;
             };
+            *budget -= n + drafts.len();
             scheduled.push(Scheduled {
                 handle: h,
-                num_tokens: n,
+                num_tokens: n + drafts.len(),
                 first_new_block,
                 kind: Kind::Running,
+                drafts,
             });
-            *budget -= n;
             i += 1;
         }
         preempted_any
+    }
+
+    /// Speculative decoding: the draft tokens of running request `h` for
+    /// this step, appended to `scratch.drafts`, when it is a decode whose
+    /// last token is known (`missing` is 1 and no step in flight samples
+    /// it). At most `room` of them (the budget left), and few enough that
+    /// the step's tokens, every draft kept plus one, stay within the
+    /// request's `max_tokens` and `max_model_len`.
+    fn propose(&mut self, h: ReqHandle, missing: usize, room: usize) -> Range<usize> {
+        let start = self.scratch.drafts.len();
+        let Some(proposer) = self.proposer else {
+            return start..start;
+        };
+        let req = self.slots[h.index()]
+            .as_ref()
+            .expect("running handles hold a request");
+        if missing != 1 || req.num_output_placeholders > 0 {
+            return start..start;
+        }
+        let max_tokens = req.sampling_params.max_tokens as usize;
+        let max_model_len = self.config.max_model_len as usize;
+        let limit = room
+            .min(max_tokens.saturating_sub(req.num_output_tokens() + 1))
+            .min(max_model_len.saturating_sub(req.num_tokens() + 1));
+        let n = proposer.propose(&req.all_token_ids, limit, &mut self.scratch.drafts);
+        start..start + n
     }
 
     /// The policy's victim as a position in `running`, validated; FCFS (the
@@ -250,6 +290,7 @@ impl Scheduler {
                 num_tokens: n,
                 first_new_block: range.start,
                 kind,
+                drafts: 0..0,
             });
             *budget -= n;
         }
@@ -303,6 +344,12 @@ impl Scheduler {
             let n = s.num_tokens as u32;
             out.num_scheduled_tokens.push((s.handle, n));
             out.total_num_scheduled_tokens += n;
+            let drafts = &self.scratch.drafts[s.drafts.clone()];
+            if !drafts.is_empty() {
+                out.scheduled_spec_decode_tokens.push(s.handle, drafts);
+                self.spec_stats.drafts += 1;
+                self.spec_stats.draft_tokens += drafts.len() as u64;
+            }
             let computed = req.num_computed_tokens as u32;
             match s.kind {
                 Kind::New => out.scheduled_new_reqs.push(NewRequestData {
@@ -322,8 +369,11 @@ impl Scheduler {
                 ),
             }
             req.num_computed_tokens += s.num_tokens;
-            if req.num_computed_tokens == req.num_tokens() + req.num_output_placeholders {
-                // The step reaches the end of the known tokens: it samples one.
+            req.num_draft_tokens = drafts.len();
+            let end = req.num_tokens() + req.num_output_placeholders + drafts.len();
+            if req.num_computed_tokens == end {
+                // The step reaches the end of the known tokens (and of its
+                // drafts): it samples.
                 req.num_output_placeholders += 1;
             }
         }

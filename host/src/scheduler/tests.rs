@@ -19,6 +19,9 @@ pub(super) fn config(num_blocks: u32, block_size: u32) -> SchedulerConfig {
         enable_prefix_caching: true,
         eos_token_id: Some(EOS),
         policy: "builtin:fcfs".into(),
+        num_speculative_tokens: 0,
+        prompt_lookup_min: 1,
+        prompt_lookup_max: 3,
     }
 }
 
@@ -662,4 +665,86 @@ fn a_request_preempted_with_a_step_in_flight_keeps_its_token() {
     }
     assert_eq!(tokens_b, vec![30, 31, 40, 40]);
     assert_eq!(s.kv_cache_manager().num_free_blocks(), 4);
+}
+
+#[test]
+fn a_decode_verifies_ngram_drafts_and_gives_back_the_slots_of_refused_ones() {
+    let mut c = config(16, 4);
+    (
+        c.num_speculative_tokens,
+        c.prompt_lookup_min,
+        c.prompt_lookup_max,
+    ) = (3, 1, 2);
+    let mut s = Scheduler::new(c).unwrap();
+    let prompt = vec![101, 102, 103, 101, 102];
+    let h = s
+        .add_request(Request::new("r", prompt, params(10), 0.0, 0))
+        .unwrap();
+    // The prefill samples 103: the sequence ends "102 103", seen at 1..3,
+    // followed there by 101 102 103 (three drafts, the most allowed).
+    let (out, _) = step(&mut s, 103);
+    assert!(
+        out.scheduled_spec_decode_tokens.is_empty(),
+        "no drafts in a prefill"
+    );
+    let out = s.schedule();
+    assert_eq!(
+        scheduled(&out),
+        [(h.0, 4)],
+        "the last token and three drafts"
+    );
+    let spec = &out.scheduled_spec_decode_tokens;
+    assert_eq!(
+        (spec.handles.as_slice(), spec.drafts(0)),
+        (&[h][..], &[101, 102, 103][..])
+    );
+    assert_eq!(s.request(h).unwrap().num_computed_tokens(), 9);
+    // The worker kept two drafts and sampled 7 in place of the third.
+    let outputs = s.update_from_output(&out, &[(h, vec![101, 102, 7])]);
+    assert_eq!(&*outputs[0].new_token_ids, &[101, 102, 7]);
+    let r = s.request(h).unwrap();
+    assert_eq!((r.num_tokens(), r.num_computed_tokens()), (9, 8));
+    s.check_invariants().unwrap();
+    let stats = s.make_stats();
+    assert_eq!(
+        (
+            stats.num_drafts,
+            stats.num_draft_tokens,
+            stats.num_accepted_tokens
+        ),
+        (1, 3, 2)
+    );
+    let out = s.schedule();
+    assert_eq!(
+        out.total_num_scheduled_tokens, 1,
+        "7 never appeared before: no draft"
+    );
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn drafts_never_carry_a_request_past_max_tokens() {
+    for (max_tokens, want) in [(2, &[][..]), (3, &[101][..]), (9, &[101, 102][..])] {
+        let mut c = config(16, 4);
+        (
+            c.num_speculative_tokens,
+            c.prompt_lookup_min,
+            c.prompt_lookup_max,
+        ) = (3, 1, 1);
+        let mut s = Scheduler::new(c).unwrap();
+        let prompt = vec![101, 102, 101];
+        let h = s
+            .add_request(Request::new("r", prompt, params(max_tokens), 0.0, 0))
+            .unwrap();
+        step(&mut s, 102);
+        // One output so far, and the step yields its drafts kept plus one:
+        // max_tokens 2 leaves no room for a draft, 3 for one; with room,
+        // all that follows the earlier 102 (two tokens) is drafted.
+        let out = s.schedule();
+        assert_eq!(
+            out.scheduled_spec_decode_tokens.token_ids, want,
+            "max_tokens {max_tokens}"
+        );
+        assert_eq!(scheduled(&out), [(h.0, want.len() as u32 + 1)]);
+    }
 }

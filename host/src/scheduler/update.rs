@@ -1,10 +1,10 @@
 //! `Scheduler::update_from_output`: sampled tokens in, per-request outputs
 //! and finishes out.
 
-use super::output::{NewTokens, RequestOutput};
+use super::output::RequestOutput;
 use super::request::{FinishReason, Request, RequestStatus};
 use super::Scheduler;
-use crate::step::{ReqHandle, SchedulerOutput};
+use crate::step::{NewTokens, ReqHandle, SchedulerOutput};
 
 /// Why `req` must stop after its newest token `t`, if it must. Stop tokens
 /// count only once `min_tokens` outputs exist; a stop token wins over the
@@ -34,7 +34,9 @@ fn check_stop(
 
 impl Scheduler {
     /// Applies the tokens sampled in the step `out` scheduled. `sampled`
-    /// pairs a handle with its tokens (one for a plain decode); entries for
+    /// pairs a handle with its tokens (one for a plain decode; for a step
+    /// that verified drafts, the drafts kept and one more, the slots of the
+    /// others given back to be computed again); entries for
     /// handles not scheduled in `out`, finished or aborted meanwhile, or
     /// without an output placeholder (a partial prefill samples nothing)
     /// are ignored. A request preempted while the step was in flight keeps
@@ -86,6 +88,17 @@ impl Scheduler {
                 continue;
             }
             req.num_output_placeholders -= 1;
+            let drafts = std::mem::take(&mut req.num_draft_tokens);
+            if drafts > 0 {
+                // The step computed the last known token and every draft;
+                // only the drafts kept (all tokens but the last) stay
+                // computed. A request preempted meanwhile recomputes anyway.
+                let kept = tokens.len().min(drafts + 1) - 1;
+                if req.status == RequestStatus::Running {
+                    req.num_computed_tokens -= drafts - kept;
+                }
+                self.spec_stats.accepted_tokens += kept as u64;
+            }
             let mut new_token_ids = NewTokens::default();
             let mut finish_reason = None;
             for &t in tokens {

@@ -215,7 +215,7 @@ impl Metrics {
             );
         }
         type Counter = fn(&EngineStats, &EngineCoreRestarts) -> u64;
-        let counters: [(&str, &str, Counter); 9] = [
+        let counters: [(&str, &str, Counter); 12] = [
             (
                 "vllm:prompt_tokens_total",
                 "Prompt tokens admitted.",
@@ -239,6 +239,21 @@ impl Metrics {
             ("vllm:num_preemptions_total", "Preemptions.", |s, _| {
                 s.scheduler.num_preemptions
             }),
+            (
+                "vllm:spec_decode_num_drafts_total",
+                "Decode steps of a request that verified draft tokens.",
+                |s, _| s.scheduler.num_drafts,
+            ),
+            (
+                "vllm:spec_decode_num_draft_tokens_total",
+                "Draft tokens verified.",
+                |s, _| s.scheduler.num_draft_tokens,
+            ),
+            (
+                "vllm:spec_decode_num_accepted_tokens_total",
+                "Draft tokens kept.",
+                |s, _| s.scheduler.num_accepted_tokens,
+            ),
             (
                 "vllm:engine_core_restarts_total",
                 "Engine-core processes started to replace a dead one.",
@@ -394,6 +409,9 @@ mod tests {
                     num_blocks: 364,
                     enable_prefix_caching: true,
                 },
+                num_drafts: 2,
+                num_draft_tokens: 7,
+                num_accepted_tokens: 5,
             },
             num_prompt_tokens: 100,
             num_generation_tokens: 50,
@@ -441,6 +459,9 @@ mod tests {
             format!("vllm:engine_core_replayed_requests_total{{{labels}}} 16"),
             format!("vllm:worker_restarts_total{{{labels}}} 2"),
             format!("vllm:worker_replayed_requests_total{{{labels}}} 7"),
+            format!("vllm:spec_decode_num_drafts_total{{{labels}}} 2"),
+            format!("vllm:spec_decode_num_draft_tokens_total{{{labels}}} 7"),
+            format!("vllm:spec_decode_num_accepted_tokens_total{{{labels}}} 5"),
             format!("vllm:plugin_faults_total{{{labels},plugin=\"test:policy\"}} 3"),
             format!("vllm:plugin_faults_total{{{rank1},plugin=\"a\\\"b\"}} 0"),
             format!("vllm:request_success_total{{{labels},finished_reason=\"length\"}} 1"),

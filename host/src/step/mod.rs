@@ -11,10 +11,12 @@
 mod model_runner_output;
 mod rpc;
 mod scheduler_output;
+mod tokens;
 
 pub use model_runner_output::{Logprobs, ModelRunnerOutput, PromptLogprob, PromptLogprobs};
 pub use rpc::{RpcReply, RpcRequest, RpcValue};
-pub use scheduler_output::{CachedRequestData, NewRequestData, SchedulerOutput};
+pub use scheduler_output::{CachedRequestData, NewRequestData, SchedulerOutput, SpecDecodeTokens};
+pub use tokens::NewTokens;
 
 /// The scheduler's compact handle for a live request: an index into its
 /// request slots. Handles are what the worker keys its persistent batch by.

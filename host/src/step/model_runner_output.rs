@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::ReqHandle;
+use super::{NewTokens, ReqHandle};
 
 /// The sampled token's logprob and the most likely alternatives, under the
 /// raw model output (vLLM's `raw_logprobs`).
@@ -48,10 +48,12 @@ pub struct PromptLogprobs {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ModelRunnerOutput {
     /// Each request that reached the end of its known tokens, with the token
-    /// it sampled.
-    pub sampled: Vec<(ReqHandle, [u32; 1])>,
-    /// Parallel to `sampled`: logprobs for the requests that asked for them.
-    pub logprobs: Vec<Option<Logprobs>>,
+    /// it sampled, or the tokens a speculating request kept (its accepted
+    /// drafts and the token sampled after them), in order.
+    pub sampled: Vec<(ReqHandle, NewTokens)>,
+    /// Parallel to `sampled`: one entry per sampled token for the requests
+    /// that asked for logprobs, empty for the others.
+    pub logprobs: Vec<Vec<Logprobs>>,
     /// Requests that could not be sampled this step, with why (a logits
     /// processor faulted on their rows under `plugins.on_error = "fail"`).
     /// The scheduler finishes them with an error; the others carry on.
@@ -87,14 +89,17 @@ impl ModelRunnerOutput {
             .map(|(_, m)| m.as_str())
     }
 
-    /// The logprobs sampled for `h` this step, if it asked for them.
-    pub fn logprobs_of(&self, h: ReqHandle) -> Option<&Logprobs> {
+    /// The logprobs of the tokens sampled for `h` this step: one per token
+    /// if it asked for them, else none.
+    pub fn logprobs_of(&self, h: ReqHandle) -> &[Logprobs] {
         // Only requests that asked carry logprobs, so the scan is skipped
         // in the common case.
-        if self.logprobs.iter().all(Option::is_none) {
-            return None;
+        if self.logprobs.iter().all(Vec::is_empty) {
+            return &[];
         }
-        let i = self.sampled.iter().position(|(s, _)| *s == h)?;
-        self.logprobs[i].as_ref()
+        match self.sampled.iter().position(|(s, _)| *s == h) {
+            Some(i) => &self.logprobs[i],
+            None => &[],
+        }
     }
 }

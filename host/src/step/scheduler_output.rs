@@ -12,7 +12,13 @@
 //!    or replace the table with them when `resumed_from_preemption`;
 //! 5. compute `num_scheduled_tokens` tokens for each listed request, starting
 //!    at its `num_computed_tokens`, and sample one token for each request whose
-//!    computed tokens then reach its full sequence.
+//!    computed tokens then reach its full sequence;
+//! 6. for a request listed in `scheduled_spec_decode_tokens` (speculative
+//!    decoding), its scheduled tokens are its last known token followed by
+//!    those draft tokens: sample at each of their positions in order, keep
+//!    each draft the sample equals and stop at the first it does not, so
+//!    the step yields from one token (no draft kept) to drafts + 1. The
+//!    scheduler then takes back the computed slots of the drafts not kept.
 //!
 //! A handle is reused only after its finish was reported, so steps 1 and 3
 //! never conflict.
@@ -124,6 +130,51 @@ impl CachedRequestData {
     }
 }
 
+/// Draft tokens to verify this step (speculative decoding), as columns:
+/// `handles[i]`'s drafts are `token_ids[offsets[i]..offsets[i + 1]]`, in
+/// `num_scheduled_tokens` order.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SpecDecodeTokens {
+    /// Requests with drafts.
+    pub handles: Vec<ReqHandle>,
+    /// `token_ids[offsets[i]..offsets[i + 1]]` belong to request `i`.
+    pub offsets: Vec<u32>,
+    /// All requests' drafts, concatenated.
+    pub token_ids: Vec<u32>,
+}
+
+impl SpecDecodeTokens {
+    /// Number of requests with drafts.
+    pub fn len(&self) -> usize {
+        self.handles.len()
+    }
+
+    /// True when no request has drafts.
+    pub fn is_empty(&self) -> bool {
+        self.handles.is_empty()
+    }
+
+    /// Request `i`'s drafts.
+    pub fn drafts(&self, i: usize) -> &[u32] {
+        &self.token_ids[self.offsets[i] as usize..self.offsets[i + 1] as usize]
+    }
+
+    pub(crate) fn push(&mut self, handle: ReqHandle, drafts: &[u32]) {
+        if self.offsets.is_empty() {
+            self.offsets.push(0);
+        }
+        self.handles.push(handle);
+        self.token_ids.extend_from_slice(drafts);
+        self.offsets.push(self.token_ids.len() as u32);
+    }
+
+    fn clear(&mut self) {
+        self.handles.clear();
+        self.offsets.clear();
+        self.token_ids.clear();
+    }
+}
+
 /// One step's schedule, as deltas to the worker's persistent batch.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SchedulerOutput {
@@ -142,6 +193,11 @@ pub struct SchedulerOutput {
     pub finished_req_ids: Vec<ReqHandle>,
     /// Requests preempted in this step.
     pub preempted_req_ids: Vec<ReqHandle>,
+    /// The draft tokens each speculating request verifies this step
+    /// (vLLM's `scheduled_spec_decode_tokens`); counted in
+    /// `num_scheduled_tokens`.
+    #[serde(default)]
+    pub scheduled_spec_decode_tokens: SpecDecodeTokens,
 }
 
 impl SchedulerOutput {
@@ -154,6 +210,7 @@ impl SchedulerOutput {
         self.total_num_scheduled_tokens = 0;
         self.finished_req_ids.clear();
         self.preempted_req_ids.clear();
+        self.scheduled_spec_decode_tokens.clear();
     }
 
     /// True when no token is scheduled.

@@ -11,6 +11,7 @@ use thiserror::Error;
 #[cfg(feature = "cuda")]
 mod device_draw;
 mod plugins;
+mod speculative;
 mod step_plan;
 #[cfg(test)]
 mod tests;
@@ -19,9 +20,11 @@ use crate::model_runner::{DeviceSampleRow, Logits, LogitsSpan, ModelInput, SeqIn
 use crate::plugins::{LogitsProcessors, Row, SamplerPlugin};
 use crate::sampling::rng::Xoshiro256StarStar;
 use crate::sampling::{RequestSampler, SampledToken, SamplingParams};
-use crate::step::{Logprobs, ModelRunnerOutput, PromptLogprobs, ReqHandle, SchedulerOutput};
-use step_plan::SpanRequest;
+use crate::step::{
+    Logprobs, ModelRunnerOutput, NewTokens, PromptLogprobs, ReqHandle, SchedulerOutput,
+};
 pub use step_plan::StepPlan;
+use step_plan::{DraftRows, SpanRequest};
 
 /// A scheduler output that does not fit the worker's state: a protocol bug
 /// between the scheduler and the worker, reported instead of panicking.
@@ -69,8 +72,9 @@ pub struct InputBatch {
     faults_reported: Vec<u64>,
     /// The worker's runner can sample on its device (a GPU worker).
     on_device: bool,
-    /// Why the worker's runner cannot compute prompt logprobs, when it
-    /// cannot: requests asking for them fail with this.
+    /// Why the worker's runner cannot compute prompt logprobs (the logits
+    /// of other rows than the last), when it cannot: requests asking for
+    /// them fail with this, and draft tokens are not verified.
     no_prompt_logprobs: Option<String>,
 }
 
@@ -280,7 +284,23 @@ impl InputBatch {
         // their allocations from step to step.
         let mut n_seqs = 0;
         let mut plan = StepPlan::new(refused);
-        for &(h, n) in &so.num_scheduled_tokens {
+        let spec = &so.scheduled_spec_decode_tokens;
+        let mut next_spec = 0;
+        for &(h, mut n) in &so.num_scheduled_tokens {
+            // Drafts are listed in the same order as the scheduled tokens.
+            let mut drafts = if spec.handles.get(next_spec) == Some(&h) {
+                next_spec += 1;
+                spec.drafts(next_spec - 1)
+            } else {
+                &[]
+            };
+            if self.no_prompt_logprobs.is_some() && !drafts.is_empty() {
+                // A runner that returns no logits but the last row's cannot
+                // verify drafts: the step computes the known token alone,
+                // as if every draft were refused (the output is the same).
+                n -= drafts.len().min(n as usize - 1) as u32;
+                drafts = &[];
+            }
             let no_prompt_logprobs = self.no_prompt_logprobs.as_deref();
             let req = request_mut(&mut self.requests, h)?;
             if req.failed {
@@ -295,15 +315,19 @@ impl InputBatch {
             }
             let start = req.num_computed_tokens;
             let end = start + n as usize;
-            if n == 0 || end > req.token_ids.len() {
+            let known = req.token_ids.len();
+            // Drafts follow the last known token: the step must reach it.
+            let reaches = drafts.is_empty() || end == known + drafts.len();
+            if n == 0 || end > known + drafts.len() || !reaches || start >= known {
                 return Err(BatchError(format!(
-                    "request {h:?}: tokens {start}..{end} scheduled but {} are known",
-                    req.token_ids.len()
+                    "request {h:?}: tokens {start}..{end} scheduled but {known} are known \
+                     and {} drafted",
+                    drafts.len()
                 )));
             }
-            input
-                .token_ids
-                .extend_from_slice(&req.token_ids[start..end]);
+            let computed = &req.token_ids[start..end.min(known)];
+            input.token_ids.extend_from_slice(computed);
+            input.token_ids.extend_from_slice(drafts);
             input.positions.extend(start as u32..end as u32);
             if n_seqs == input.seqs.len() {
                 input.seqs.push(SeqInput::default());
@@ -324,9 +348,10 @@ impl InputBatch {
                         first: first - start,
                         len: last - first,
                     });
-                    plan.span_requests.push(SpanRequest {
+                    plan.span_requests.push(SpanRequest::PromptLogprobs {
                         k: req.params.prompt_logprobs.unwrap_or(0) as usize,
                         tokens: req.token_ids[first + 1..last + 1].to_vec(),
+                        entry: plan.prompt_logprobs.len(),
                     });
                     plan.prompt_logprobs.push((
                         h,
@@ -338,8 +363,25 @@ impl InputBatch {
                     req.prompt_logprobs_next = last + 1;
                 }
             }
+            if !drafts.is_empty() {
+                // The rows of the last known token and of every draft but
+                // the last predict a draft; the last row is sampled anyway.
+                plan.spans.push(LogitsSpan {
+                    seq: n_seqs,
+                    first: n as usize - 1 - drafts.len(),
+                    len: drafts.len(),
+                });
+                plan.span_requests.push(SpanRequest::Drafts {
+                    entry: plan.drafts.len(),
+                });
+                plan.drafts.push(DraftRows {
+                    handle: h,
+                    tokens: drafts.to_vec(),
+                    logits: Vec::new(),
+                });
+            }
             n_seqs += 1;
-            plan.rows.push((h, end == req.token_ids.len()));
+            plan.rows.push((h, end == known + drafts.len()));
         }
         input.seqs.truncate(n_seqs);
         Ok(plan)
@@ -421,9 +463,14 @@ fn record(
     sampled: SampledToken,
 ) {
     req.token_ids.push(sampled.token);
-    out.sampled.push((h, [sampled.token]));
-    out.logprobs.push(req.params.logprobs.map(|_| Logprobs {
-        logprob: sampled.logprob,
-        top: sampled.top_logprobs,
-    }));
+    let mut tokens = NewTokens::default();
+    tokens.push(sampled.token);
+    out.sampled.push((h, tokens));
+    out.logprobs.push(match req.params.logprobs {
+        Some(_) => vec![Logprobs {
+            logprob: sampled.logprob,
+            top: sampled.top_logprobs,
+        }],
+        None => Vec::new(),
+    });
 }

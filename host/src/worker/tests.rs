@@ -93,7 +93,10 @@ fn the_cpu_worker_samples_on_the_host_even_when_every_row_is_device_eligible() {
     };
     let want = crate::sampling::select::argmax(&logits.data[..logits.vocab_size]) as u32;
     let out = w.sample_tokens().unwrap();
-    assert_eq!(out.sampled, vec![(crate::step::ReqHandle(0), [want])]);
+    assert_eq!(
+        out.sampled,
+        vec![(crate::step::ReqHandle(0), [want].into())]
+    );
 }
 
 #[test]

@@ -173,7 +173,7 @@ mod tests {
                 prefix_cache: PrefixCacheStats::default(),
                 num_preemptions: 1,
                 num_policy_fallbacks: 0,
-                cache_config: Default::default(),
+                ..Default::default()
             },
             num_prompt_tokens: 10,
             num_generation_tokens: generated,

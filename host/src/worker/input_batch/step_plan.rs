@@ -1,6 +1,6 @@
 //! The plan of one step: which rows of the logits sample a token, and
-//! which rows besides are kept for prompt logprobs (filled during the
-//! forward pass, one row at a time).
+//! which rows besides are kept for prompt logprobs or for verifying draft
+//! tokens (filled during the forward pass, one row at a time).
 
 use crate::model_runner::LogitsSpan;
 use crate::sampling::select::{log_sum_exp, top_k_desc};
@@ -14,14 +14,16 @@ pub struct StepPlan {
     /// tokens this step (a finished prefill or a decode), so it samples.
     pub(super) rows: Vec<(ReqHandle, bool)>,
     /// The tokens whose logits the step also computes, for prompt logprobs
-    /// (one span per request that has prompt tokens to report).
+    /// (one span per request that has prompt tokens to report) and for
+    /// draft tokens (one span per speculating request).
     pub spans: Vec<LogitsSpan>,
-    /// Parallel to `spans`: who asked, how many top tokens, and the prompt
-    /// tokens the span's rows predict.
+    /// Parallel to `spans`: what each span's rows are for.
     pub(super) span_requests: Vec<SpanRequest>,
-    /// Parallel to `spans`: what the rows gave, filled by
+    /// What the prompt-logprobs spans gave, filled by
     /// [`Self::accept_logits_row`] during the forward pass.
     pub(super) prompt_logprobs: Vec<(ReqHandle, PromptLogprobs)>,
+    /// The speculating requests' drafts and the logits of their positions.
+    pub(super) drafts: Vec<DraftRows>,
     /// Requests this step could not run, with why (prompt logprobs on a
     /// device that does not compute them).
     pub(super) failed: Vec<(ReqHandle, String)>,
@@ -29,14 +31,38 @@ pub struct StepPlan {
     top_scratch: Vec<(u32, f32)>,
 }
 
-/// Who asked for a [`LogitsSpan`]'s rows.
+/// What a [`LogitsSpan`]'s rows are for.
 #[derive(Debug)]
-pub(super) struct SpanRequest {
-    /// `SamplingParams::prompt_logprobs`.
-    pub(super) k: usize,
-    /// The prompt tokens the span's rows predict, row `i` predicting
-    /// `tokens[i]`.
+pub(super) enum SpanRequest {
+    /// Prompt logprobs, written to `prompt_logprobs[entry]`.
+    PromptLogprobs {
+        /// `SamplingParams::prompt_logprobs`.
+        k: usize,
+        /// The prompt tokens the span's rows predict, row `i` predicting
+        /// `tokens[i]`.
+        tokens: Vec<u32>,
+        /// Index in [`StepPlan::prompt_logprobs`].
+        entry: usize,
+    },
+    /// The positions of draft tokens, kept in `drafts[entry]`.
+    Drafts {
+        /// Index in [`StepPlan::drafts`].
+        entry: usize,
+    },
+}
+
+/// One speculating request of the step: its draft tokens and the logits
+/// that verify them, row `i` predicting the token after `i` drafts (row 0
+/// the first draft, row `tokens.len()` the token after all of them).
+#[derive(Debug)]
+pub(super) struct DraftRows {
+    /// The request.
+    pub(super) handle: ReqHandle,
+    /// Its draft tokens.
     pub(super) tokens: Vec<u32>,
+    /// `tokens.len() + 1` rows of logits once the step is sampled (the
+    /// forward pass fills the first `tokens.len()`).
+    pub(super) logits: Vec<f32>,
 }
 
 impl StepPlan {
@@ -63,11 +89,16 @@ impl StepPlan {
     }
 
     /// Takes row `row` of span `span`'s logits (the runner's sink): the
-    /// logprob, rank and top tokens of the prompt token it predicts.
+    /// logprob, rank and top tokens of the prompt token it predicts, or
+    /// the row kept to verify a draft.
     pub fn accept_logits_row(&mut self, span: usize, row: usize, logits: &[f32]) {
-        let req = &self.span_requests[span];
-        let entry = prompt_logprob(logits, req.tokens[row], req.k, &mut self.top_scratch);
-        self.prompt_logprobs[span].1.entries.push(entry);
+        match &self.span_requests[span] {
+            SpanRequest::PromptLogprobs { k, tokens, entry } => {
+                let lp = prompt_logprob(logits, tokens[row], *k, &mut self.top_scratch);
+                self.prompt_logprobs[*entry].1.entries.push(lp);
+            }
+            SpanRequest::Drafts { entry } => self.drafts[*entry].logits.extend_from_slice(logits),
+        }
     }
 
     /// Moves what the step produced besides sampled tokens (prompt

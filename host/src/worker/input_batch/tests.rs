@@ -127,9 +127,9 @@ fn recording_device_tokens_advances_requests_as_the_host_sampler_does() {
     let out = batch.record_sampled(&plan, &[11, 12]).unwrap();
     assert_eq!(
         out.sampled,
-        vec![(ReqHandle(0), [11]), (ReqHandle(1), [12])]
+        vec![(ReqHandle(0), [11].into()), (ReqHandle(1), [12].into())]
     );
-    assert_eq!(out.logprobs, vec![None, None]);
+    assert_eq!(out.logprobs, vec![vec![], vec![]]);
     let a = batch.requests[0].as_ref().unwrap();
     assert_eq!((a.token_ids.len(), a.token_ids[5]), (6, 11));
     // The penalties' history counts it, as after `RequestSampler::sample`.
@@ -173,7 +173,12 @@ fn spans(plan: &StepPlan) -> Vec<(usize, usize, usize, u32, Vec<u32>)> {
         .iter()
         .zip(&plan.span_requests)
         .zip(&plan.prompt_logprobs)
-        .map(|((s, r), (_, p))| (s.seq, s.first, s.len, p.start, r.tokens.clone()))
+        .map(|((s, r), (_, p))| {
+            let SpanRequest::PromptLogprobs { tokens, .. } = r else {
+                panic!("a draft span in a step without drafts")
+            };
+            (s.seq, s.first, s.len, p.start, tokens.clone())
+        })
         .collect()
 }
 

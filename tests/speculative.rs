@@ -1,0 +1,131 @@
+//! Speculative decoding (n-gram drafts verified in one step) on the real
+//! model: it may only change how many tokens a step yields, never which.
+//! Every request, greedy or seeded random, with logprobs, penalties, bad
+//! words and stop tokens, must produce the tokens, logprobs and finish it
+//! produces without drafts, while drafts are in fact kept; in-process and
+//! with a worker process, with and without async scheduling.
+
+use host::config::EngineConfig;
+use host::engine::{GenerateRequest, Llm, Prompt};
+use host::sampling::SamplingParams;
+
+/// Prompts whose continuations repeat what came before (so n-gram drafts
+/// are often right) and ones that do not.
+fn prompts() -> Vec<String> {
+    let mut p: Vec<String> = [
+        "Repeat the line three times.\nThe quick brown fox jumps over the lazy dog.\nThe quick brown fox jumps over the lazy dog.\n",
+        "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,",
+        "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+        "The history of Rome",
+        "Why the sky is blue",
+    ]
+    .map(String::from)
+    .to_vec();
+    p.push("red, green, blue, ".repeat(6));
+    p
+}
+
+/// Each prompt with its own sampling parameters.
+fn params(llm: &Llm, n: usize) -> Vec<SamplingParams> {
+    let stop_token_ids = llm.encode(&Prompt::Text(";".into())).unwrap();
+    let bad_words = llm.encode(&Prompt::Text(" lazy dog".into())).unwrap();
+    (0..n as u64)
+        .map(|i| match i % 3 {
+            0 => SamplingParams {
+                temperature: 0.0,
+                max_tokens: 40,
+                logprobs: Some(3),
+                ..SamplingParams::default()
+            },
+            1 => SamplingParams {
+                temperature: 0.8,
+                top_p: 0.95,
+                seed: Some(i),
+                max_tokens: 40,
+                logprobs: Some(1),
+                stop_token_ids: stop_token_ids.clone(),
+                ..SamplingParams::default()
+            },
+            _ => SamplingParams {
+                temperature: 0.7,
+                top_k: 20,
+                seed: Some(100 + i),
+                max_tokens: 40,
+                min_tokens: 5,
+                repetition_penalty: 1.1,
+                frequency_penalty: 0.2,
+                bad_words_token_ids: vec![bad_words.clone()],
+                ..SamplingParams::default()
+            },
+        })
+        .collect()
+}
+
+/// What a run produced: per request its tokens, their logprobs (bits) and
+/// its finish; and the speculative counters.
+type Run = (Vec<(Vec<u32>, Vec<Vec<u32>>, String)>, (u64, u64));
+
+fn run(num_speculative_tokens: usize, async_scheduling: bool, backend: &str) -> Run {
+    let mut c = EngineConfig::default();
+    c.model.path = e2e::default_model();
+    c.model.max_model_len = 512;
+    c.cache.kv_cache_memory_bytes = Some(64 << 20);
+    c.scheduler.async_scheduling = async_scheduling;
+    c.parallel.distributed_executor_backend = backend.into();
+    c.speculative.num_speculative_tokens = num_speculative_tokens;
+    c.speculative.prompt_lookup_min = Some(1);
+    c.speculative.prompt_lookup_max = Some(3);
+    let mut llm = Llm::new(&c).unwrap();
+    let texts = prompts();
+    let requests: Vec<GenerateRequest> = texts
+        .iter()
+        .zip(params(&llm, texts.len()))
+        .map(|(t, p)| GenerateRequest {
+            prompt: Prompt::Text(t.clone()),
+            params: p,
+            priority: 0,
+        })
+        .collect();
+    let got = llm
+        .generate(&requests, |_, _| {}, |_, _| {})
+        .unwrap()
+        .into_iter()
+        .map(|r| {
+            let c = r.unwrap();
+            assert_eq!(c.logprobs.len() % c.token_ids.len().max(1), 0);
+            let logprobs = c
+                .logprobs
+                .iter()
+                .map(|l| {
+                    let mut bits = vec![l.logprob.to_bits()];
+                    bits.extend(l.top.iter().flat_map(|&(t, p)| [t, p.to_bits()]));
+                    bits
+                })
+                .collect();
+            (c.token_ids, logprobs, c.finish.finish_reason)
+        })
+        .collect();
+    llm.core().scheduler().check_invariants().unwrap();
+    let stats = llm.stats().scheduler;
+    assert_eq!(stats.kv_cache_usage, 0.0, "every block is free at the end");
+    (got, (stats.num_draft_tokens, stats.num_accepted_tokens))
+}
+
+#[test]
+fn drafts_change_how_many_tokens_a_step_yields_never_which() {
+    let (expected, (drafted, _)) = run(0, false, "uni");
+    assert_eq!(drafted, 0, "no drafts without speculative decoding");
+    for (k, async_scheduling, backend) in [(4, false, "uni"), (4, true, "uni"), (2, false, "mp")] {
+        let (got, (drafted, accepted)) = run(k, async_scheduling, backend);
+        for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+            assert_eq!(
+                g, e,
+                "request {i} differs with {k} speculative tokens (async {async_scheduling}, {backend})"
+            );
+        }
+        assert!(
+            accepted > 0 && accepted < drafted,
+            "drafts were proposed ({drafted}) and some, not all, kept ({accepted})"
+        );
+    }
+}
