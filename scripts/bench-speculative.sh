@@ -2,7 +2,8 @@
 # Speculative decoding by n-gram lookup: one request at a time
 # (max_num_seqs = 1, so each request's decode speed is its own), the same
 # four greedy requests without drafts (the default configuration, async
-# scheduling on) and with K drafts per step (default 4, prompt_lookup 1..3),
+# scheduling on) and with K drafts per step (default 4; LOOKUP_MIN and
+# LOOKUP_MAX, default 5 and 5 as in vLLM, bound the n-gram lengths),
 # alternating REPS times so drift on a shared machine cancels. The requests:
 # a code edit that copies most of a function, a sentence to copy, a plain
 # completion (which this small model ends up repeating) and a short poem.
@@ -17,6 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 k="${K:-4}"; reps="${REPS:-3}"
+lookup_min="${LOOKUP_MIN:-5}"; lookup_max="${LOOKUP_MAX:-5}"
 model=".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 bash scripts/fetch-model.sh >/dev/null
 host="${HOST_BIN:-}"
@@ -53,7 +55,7 @@ PY
 for rep in $(seq "$reps"); do
     for drafts in 0 "$k"; do
         "$host" --model "$model" --max-num-seqs 1 \
-            --speculative-config "{\"num_speculative_tokens\": $drafts, \"prompt_lookup_min\": 1, \"prompt_lookup_max\": 3}" \
+            --speculative-config "{\"num_speculative_tokens\": $drafts, \"prompt_lookup_min\": $lookup_min, \"prompt_lookup_max\": $lookup_max}" \
             generate --input "$dir/requests.jsonl" --output "$dir/out_${drafts}_$rep.jsonl" 2>/dev/null
     done
 done

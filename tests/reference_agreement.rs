@@ -14,7 +14,9 @@ use host::config::CacheDtype;
 use host::kernels::{MatmulPath, ThreadPool};
 use host::model::gguf::GgufFile;
 use host::model::{load, LoadFormat, ModelWeights};
-use host::model_runner::{CpuModelRunner, ModelInput, RunnerConfig, SeqInput};
+use host::model_runner::{
+    CpuModelRunner, LogitsSpan, ModelInput, RunnerConfig, SeqInput, LOGITS_CHUNK_ROWS,
+};
 use host::worker::{Worker, WorkerConfig, WorkerDevice};
 
 /// Fixed prompts of varied length (17 to 101 tokens: one to seven blocks of
@@ -559,6 +561,57 @@ fn batching_and_chunking_do_not_change_logits() {
                 );
             }
             k += 1;
+        }
+    }
+}
+
+/// The logits of other rows than a sequence's last (prompt logprobs, the
+/// positions of draft tokens) are, bit for bit, those of each prefix run
+/// alone: a few rows share the LM head's pass with the last rows, many take
+/// chunks of their own; both are checked.
+#[test]
+fn span_logits_are_each_prefix_run_alone() {
+    let mut r = runner(MatmulPath::Integer);
+    let tokens: Vec<u32> = PROMPTS
+        .iter()
+        .flat_map(|p| p.iter().copied())
+        .take(48)
+        .collect();
+    assert_eq!(tokens.len(), 48, "the prompts hold enough tokens");
+    for (len, first, rows) in [(9, 3, 5), (48, 2, LOGITS_CHUNK_ROWS + 8)] {
+        let mut input = ModelInput::default();
+        input.token_ids.extend_from_slice(&tokens[..len]);
+        input.positions.extend(0..len as u32);
+        input.seqs.push(SeqInput {
+            query_len: len,
+            context_len: len,
+            block_table: Seq::new(&tokens, 0).table,
+        });
+        let span = LogitsSpan {
+            seq: 0,
+            first,
+            len: rows,
+        };
+        let mut got = Vec::new();
+        let last = r
+            .execute_model_with_spans(&input, &[span], &mut |i, row, logits| {
+                assert_eq!((i, row), (0, got.len()), "rows arrive in order");
+                got.push(logits.to_vec());
+            })
+            .expect("a valid step runs");
+        assert_eq!(got.len(), rows);
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(last.rows().next().unwrap()),
+            bits(&prefill_alone(&mut r, &tokens[..len]))
+        );
+        for (j, row) in got.iter().enumerate() {
+            let want = prefill_alone(&mut r, &tokens[..first + j + 1]);
+            assert_eq!(
+                bits(row),
+                bits(&want),
+                "row {j} of a {rows}-row span over {len} tokens"
+            );
         }
     }
 }

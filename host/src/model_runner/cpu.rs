@@ -335,8 +335,30 @@ impl CpuModelRunner {
         }
         let mut laps = Laps::start(profile);
         let ns = s.spans.len();
-        for (span, out) in s.spans.iter().zip(last_hidden.chunks_exact_mut(hid)) {
-            let t = span.token_start + span.query_len - 1;
+        // Extra rows that fit one chunk (a step's draft positions, a short
+        // prompt-logprobs span) ride along with the last rows, so the LM
+        // head streams once per step; the kernels give each row the same
+        // bits in any batch.
+        let extra = check_spans(&s.spans, spans)?;
+        let room = last_hidden.len() / hid - ns;
+        let along = if extra <= LOGITS_CHUNK_ROWS.min(room) {
+            extra
+        } else {
+            0
+        };
+        let last_rows = s.spans.iter().map(|q| q.token_start + q.query_len - 1);
+        let extra_rows = spans
+            .iter()
+            .take(if along > 0 { spans.len() } else { 0 })
+            .flat_map(|x| {
+                let base = s.spans[x.seq].token_start + x.first;
+                base..base + x.len
+            });
+        let rows = ns + along;
+        for (t, out) in last_rows
+            .chain(extra_rows)
+            .zip(last_hidden.chunks_exact_mut(hid))
+        {
             rms_norm(
                 &s.h[t * hid..(t + 1) * hid],
                 final_norm,
@@ -346,12 +368,13 @@ impl CpuModelRunner {
         }
         laps.lap(Op::FinalNorm);
         let head = lm_head.as_ref().unwrap_or(embed);
-        let mut data = vec![0.0; ns * head.rows()];
+        let vocab = head.rows();
+        let mut data = vec![0.0; rows * vocab];
         matmul_with(
             pool,
             head,
-            &last_hidden[..ns * hid],
-            ns,
+            &last_hidden[..rows * hid],
+            rows,
             &mut data,
             limits.matmul_path,
         );
@@ -359,7 +382,15 @@ impl CpuModelRunner {
         if let Some(p) = profile {
             p.count_step();
         }
-        if !spans.is_empty() {
+        if along > 0 {
+            let mut extra_logits = data[ns * vocab..].chunks_exact(vocab);
+            for (i, span) in spans.iter().enumerate() {
+                for (row, logits) in extra_logits.by_ref().take(span.len).enumerate() {
+                    sink(i, row, logits);
+                }
+            }
+            data.truncate(ns * vocab);
+        } else if !spans.is_empty() {
             span_logits(
                 pool,
                 head,
@@ -384,8 +415,9 @@ impl CpuModelRunner {
 /// vocabulary take 6 MiB.
 pub const LOGITS_CHUNK_ROWS: usize = 32;
 
-/// The logits of `spans`' query tokens, from the final residual stream `h`
-/// (`[tokens, hidden]`), in chunks of [`LOGITS_CHUNK_ROWS`] rows.
+/// The logits of `spans`' query tokens (checked by [`check_spans`]), from
+/// the final residual stream `h` (`[tokens, hidden]`), in chunks of
+/// [`LOGITS_CHUNK_ROWS`] rows.
 #[allow(clippy::too_many_arguments)]
 fn span_logits(
     pool: &ThreadPool,
@@ -399,18 +431,6 @@ fn span_logits(
     sink: &mut LogitsSink<'_>,
 ) -> Result<(), RunnerError> {
     let (hid, vocab) = (head.cols(), head.rows());
-    for (i, span) in spans.iter().enumerate() {
-        let fits = seqs.get(span.seq).is_some_and(|q| {
-            span.first
-                .checked_add(span.len)
-                .is_some_and(|e| e <= q.query_len)
-        });
-        if !fits {
-            return Err(RunnerError::Input(format!(
-                "logits span {i} ({span:?}) is outside its sequence's query tokens"
-            )));
-        }
-    }
     let rows = spans
         .iter()
         .map(|s| s.len)
@@ -443,6 +463,26 @@ fn span_logits(
         }
     }
     Ok(())
+}
+
+/// Checks that every span lies within its sequence's query tokens;
+/// returns their rows in all.
+fn check_spans(seqs: &[SeqSpan], spans: &[LogitsSpan]) -> Result<usize, RunnerError> {
+    let mut rows = 0;
+    for (i, span) in spans.iter().enumerate() {
+        let fits = seqs.get(span.seq).is_some_and(|q| {
+            span.first
+                .checked_add(span.len)
+                .is_some_and(|e| e <= q.query_len)
+        });
+        if !fits {
+            return Err(RunnerError::Input(format!(
+                "logits span {i} ({span:?}) is outside its sequence's query tokens"
+            )));
+        }
+        rows += span.len;
+    }
+    Ok(rows)
 }
 
 /// The shapes attention needs, from the model's and the cache's.
