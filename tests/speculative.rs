@@ -3,11 +3,14 @@
 //! Every request, greedy or seeded random, with logprobs, penalties, bad
 //! words and stop tokens, must produce the tokens, logprobs and finish it
 //! produces without drafts, while drafts are in fact kept; in-process and
-//! with a worker process, with and without async scheduling.
+//! with a worker process, with and without async scheduling; and over HTTP
+//! with the structured-output plugin masking every position.
 
+use crate::harness::Server;
 use host::config::EngineConfig;
 use host::engine::{GenerateRequest, Llm, Prompt};
 use host::sampling::SamplingParams;
+use serde_json::json;
 
 /// Prompts whose continuations repeat what came before (so n-gram drafts
 /// are often right) and ones that do not.
@@ -128,4 +131,53 @@ fn drafts_change_how_many_tokens_a_step_yields_never_which() {
             "drafts were proposed ({drafted}) and some, not all, kept ({accepted})"
         );
     }
+}
+
+/// Over HTTP with the structured-output plugin loaded: constrained
+/// requests (a JSON schema, a regex) and a free one with logprobs get the
+/// same answers with drafts as without, since every position is masked and
+/// sampled as in plain decoding; `/metrics` counts the drafts kept.
+#[test]
+fn constrained_outputs_over_http_do_not_change_with_drafts() {
+    let spec = r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}"#;
+    let plain = Server::start_with_structured_outputs(&[]);
+    let drafting = Server::start_with_structured_outputs(&["--speculative-config", spec]);
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "cities": {"type": "array", "items": {"type": "string"}, "minItems": 3, "maxItems": 6}
+        },
+        "required": ["cities"]
+    });
+    let bodies = [
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "List some cities of France as JSON."}],
+                "max_tokens": 60, "temperature": 0,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "cities", "schema": schema}}}),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "ab ab ab", "max_tokens": 24, "temperature": 0.9, "seed": 7,
+                "structured_outputs": {"regex": "( ab){2,10}"}}),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "1, 2, 3, 4, 5, 6,", "max_tokens": 30, "temperature": 0, "logprobs": 2}),
+        ),
+    ];
+    for (path, body) in &bodies {
+        let (a, b) = (plain.post(path, body), drafting.post(path, body));
+        assert_eq!(
+            (a.status, b.status),
+            (200, 200),
+            "{} / {}",
+            a.text(),
+            b.text()
+        );
+        assert_eq!(a.json()["choices"], b.json()["choices"], "{path} {body}");
+    }
+    let accepted = "vllm:spec_decode_num_accepted_tokens_total";
+    assert_eq!(plain.metric(accepted), 0.0);
+    assert!(drafting.metric(accepted) > 0.0, "drafts were kept");
 }
