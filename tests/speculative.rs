@@ -3,8 +3,9 @@
 //! Every request, greedy or seeded random, with logprobs, penalties, bad
 //! words and stop tokens, must produce the tokens, logprobs and finish it
 //! produces without drafts, while drafts are in fact kept; in-process and
-//! with a worker process, with and without async scheduling; and over HTTP
-//! with the structured-output plugin masking every position.
+//! with worker processes (tensor parallel too), with and without async
+//! scheduling; and over HTTP with the structured-output plugin masking
+//! every position.
 
 use crate::harness::Server;
 use host::config::EngineConfig;
@@ -68,13 +69,14 @@ fn params(llm: &Llm, n: usize) -> Vec<SamplingParams> {
 /// its finish; and the speculative counters.
 type Run = (Vec<(Vec<u32>, Vec<Vec<u32>>, String)>, (u64, u64));
 
-fn run(num_speculative_tokens: usize, async_scheduling: bool, backend: &str) -> Run {
+fn run(num_speculative_tokens: usize, async_scheduling: bool, backend: &str, tp: usize) -> Run {
     let mut c = EngineConfig::default();
     c.model.path = e2e::default_model();
     c.model.max_model_len = 512;
     c.cache.kv_cache_memory_bytes = Some(64 << 20);
     c.scheduler.async_scheduling = async_scheduling;
     c.parallel.distributed_executor_backend = backend.into();
+    c.parallel.tensor_parallel_size = tp;
     c.speculative.num_speculative_tokens = num_speculative_tokens;
     c.speculative.prompt_lookup_min = Some(1);
     c.speculative.prompt_lookup_max = Some(3);
@@ -116,14 +118,26 @@ fn run(num_speculative_tokens: usize, async_scheduling: bool, backend: &str) -> 
 
 #[test]
 fn drafts_change_how_many_tokens_a_step_yields_never_which() {
-    let (expected, (drafted, _)) = run(0, false, "uni");
+    let (expected, (drafted, _)) = run(0, false, "uni", 1);
     assert_eq!(drafted, 0, "no drafts without speculative decoding");
-    for (k, async_scheduling, backend) in [(4, false, "uni"), (4, true, "uni"), (2, false, "mp")] {
-        let (got, (drafted, accepted)) = run(k, async_scheduling, backend);
-        for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+    // Under tensor parallelism every rank samples the rounds itself and
+    // feeds its own tokens back, so the ranks must agree position by
+    // position; its sums run in another order, so it has its own baseline.
+    let (expected_tp, _) = run(0, false, "mp", 3);
+    let runs = [
+        (4, false, "uni", 1),
+        (4, true, "uni", 1),
+        (2, false, "mp", 1),
+        (3, false, "mp", 3),
+    ];
+    for (k, async_scheduling, backend, tp) in runs {
+        let (got, (drafted, accepted)) = run(k, async_scheduling, backend, tp);
+        let expected = if tp == 1 { &expected } else { &expected_tp };
+        for (i, (g, e)) in got.iter().zip(expected).enumerate() {
             assert_eq!(
                 g, e,
-                "request {i} differs with {k} speculative tokens (async {async_scheduling}, {backend})"
+                "request {i} differs with {k} speculative tokens \
+                 (async {async_scheduling}, {backend}, TP {tp})"
             );
         }
         assert!(

@@ -9,8 +9,9 @@ impl Scheduler {
     /// Forgets everything the workers held, after they died and before new
     /// ones take their place: every running request is preempted (its blocks
     /// freed, its computation to be redone) and moves to the front of the
-    /// queue in its running order; every request's tokens sampled by steps
-    /// that will never report are forgotten; the prefix cache is emptied
+    /// queue in its running order; every request's tokens sampled (and
+    /// drafts verified) by steps that will never report are forgotten; the
+    /// prefix cache is emptied
     /// (the KV it pointed at is gone); and each request is announced to the
     /// new workers as new, with its output so far. Returns how many requests
     /// will be replayed.
@@ -34,6 +35,7 @@ impl Scheduler {
                 .as_mut()
                 .expect("a waiting handle names a live request");
             req.num_output_placeholders = 0;
+            req.num_draft_tokens = 0;
             req.seen_by_worker = false;
         }
         self.kv.reset_prefix_cache();
