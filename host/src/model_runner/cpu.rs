@@ -346,14 +346,12 @@ impl CpuModelRunner {
         } else {
             0
         };
+        let riding = if along > 0 { spans } else { &[] };
         let last_rows = s.spans.iter().map(|q| q.token_start + q.query_len - 1);
-        let extra_rows = spans
-            .iter()
-            .take(if along > 0 { spans.len() } else { 0 })
-            .flat_map(|x| {
-                let base = s.spans[x.seq].token_start + x.first;
-                base..base + x.len
-            });
+        let extra_rows = riding.iter().flat_map(|x| {
+            let base = s.spans[x.seq].token_start + x.first;
+            base..base + x.len
+        });
         let rows = ns + along;
         for (t, out) in last_rows
             .chain(extra_rows)

@@ -76,6 +76,9 @@ pub struct InputBatch {
     /// of other rows than the last), when it cannot: requests asking for
     /// them fail with this, and draft tokens are not verified.
     no_prompt_logprobs: Option<String>,
+    /// Per handle: where a speculating request's tokens sit in the output
+    /// of the step being sampled (reused; see `speculative.rs`).
+    sampled_at: Vec<usize>,
 }
 
 impl InputBatch {
@@ -91,6 +94,7 @@ impl InputBatch {
             faults_reported: Vec::new(),
             on_device: false,
             no_prompt_logprobs: None,
+            sampled_at: Vec::new(),
         }
     }
 
@@ -376,6 +380,7 @@ impl InputBatch {
                 });
                 plan.drafts.push(DraftRows {
                     handle: h,
+                    row: plan.rows.len(),
                     tokens: drafts.to_vec(),
                     logits: Vec::new(),
                 });

@@ -19,7 +19,7 @@
 
 use super::{BatchError, InputBatch, StepPlan};
 use crate::model_runner::Logits;
-use crate::step::ModelRunnerOutput;
+use crate::step::{ModelRunnerOutput, ReqHandle};
 
 impl InputBatch {
     /// Samples the step `plan` ran, whose last-row logits are `logits`:
@@ -37,11 +37,6 @@ impl InputBatch {
         // logits the forward pass kept as the draft row 0; its last row
         // (after every draft) becomes the request's final row.
         for d in &mut plan.drafts {
-            let row = plan
-                .rows
-                .iter()
-                .position(|(h, _)| *h == d.handle)
-                .ok_or_else(|| BatchError(format!("drafts of {:?} without a row", d.handle)))?;
             if d.logits.len() != d.tokens.len() * vocab {
                 return Err(BatchError(format!(
                     "request {:?}: {} logits kept for {} drafts",
@@ -50,11 +45,21 @@ impl InputBatch {
                     d.tokens.len()
                 )));
             }
-            let last = &mut logits.data[row * vocab..(row + 1) * vocab];
+            let last = logits
+                .data
+                .get_mut(d.row * vocab..(d.row + 1) * vocab)
+                .ok_or_else(|| BatchError(format!("no logits row for {:?}", d.handle)))?;
             d.logits.extend_from_slice(last);
             last.copy_from_slice(&d.logits[..vocab]);
         }
         let mut out = self.sample_round(plan, logits)?;
+        if plan.drafts.is_empty() {
+            return Ok(out);
+        }
+        let at = &mut self.sampled_at;
+        for (i, (h, _)) in out.sampled.iter().enumerate() {
+            index(at, *h, i);
+        }
         let mut round_plan = StepPlan::default();
         let mut round_logits = Logits {
             num_seqs: 0,
@@ -67,11 +72,10 @@ impl InputBatch {
             // Those whose every sample so far equalled its draft, with a
             // position left: row `round` follows `round` kept drafts.
             for d in plan.drafts.iter().filter(|d| round <= d.tokens.len()) {
-                let kept = out
-                    .sampled
-                    .iter()
-                    .find(|(h, _)| *h == d.handle)
-                    .is_some_and(|(_, t)| t.len() == round && t[round - 1] == d.tokens[round - 1]);
+                let kept = find(&self.sampled_at, &out, d.handle).is_some_and(|i| {
+                    let t = &out.sampled[i].1;
+                    t.len() == round && t[round - 1] == d.tokens[round - 1]
+                });
                 if kept {
                     round_plan.rows.push((d.handle, true));
                     let rows = &d.logits[round * vocab..(round + 1) * vocab];
@@ -84,7 +88,7 @@ impl InputBatch {
             round_logits.num_seqs = round_plan.rows.len();
             let round_out = self.sample_round(&mut round_plan, &mut round_logits)?;
             plan.failed.append(&mut round_plan.failed);
-            merge(&mut out, round_out);
+            merge(&mut self.sampled_at, &mut out, round_out);
         }
         Ok(out)
     }
@@ -112,10 +116,11 @@ impl InputBatch {
     }
 }
 
-/// Appends a later round's tokens, logprobs and failures to `out`.
-fn merge(out: &mut ModelRunnerOutput, round: ModelRunnerOutput) {
+/// Appends a later round's tokens, logprobs and failures to `out`, whose
+/// entries `at` locates.
+fn merge(at: &mut Vec<usize>, out: &mut ModelRunnerOutput, round: ModelRunnerOutput) {
     for ((h, tokens), logprobs) in round.sampled.into_iter().zip(round.logprobs) {
-        match out.sampled.iter().position(|(s, _)| *s == h) {
+        match find(at, out, h) {
             Some(i) => {
                 for &t in tokens.iter() {
                     out.sampled[i].1.push(t);
@@ -123,10 +128,27 @@ fn merge(out: &mut ModelRunnerOutput, round: ModelRunnerOutput) {
                 out.logprobs[i].extend(logprobs);
             }
             None => {
+                index(at, h, out.sampled.len());
                 out.sampled.push((h, tokens));
                 out.logprobs.push(logprobs);
             }
         }
     }
     out.failed.extend(round.failed);
+}
+
+/// Records that request `h`'s entry in the step's output is the `i`-th.
+fn index(at: &mut Vec<usize>, h: ReqHandle, i: usize) {
+    let k = h.index();
+    if at.len() <= k {
+        at.resize(k + 1, usize::MAX);
+    }
+    at[k] = i;
+}
+
+/// Request `h`'s entry in `out`, if it has one. `at` may hold entries
+/// of earlier steps' outputs, so the handle there is checked.
+fn find(at: &[usize], out: &ModelRunnerOutput, h: ReqHandle) -> Option<usize> {
+    let i = *at.get(h.index())?;
+    out.sampled.get(i).filter(|(s, _)| *s == h).map(|_| i)
 }

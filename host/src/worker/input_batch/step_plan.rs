@@ -58,6 +58,8 @@ pub(super) enum SpanRequest {
 pub(super) struct DraftRows {
     /// The request.
     pub(super) handle: ReqHandle,
+    /// Its row in [`StepPlan::rows`] (and in the step's last-row logits).
+    pub(super) row: usize,
     /// Its draft tokens.
     pub(super) tokens: Vec<u32>,
     /// `tokens.len() + 1` rows of logits once the step is sampled (the
