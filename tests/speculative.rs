@@ -113,7 +113,13 @@ fn run(num_speculative_tokens: usize, async_scheduling: bool, backend: &str, tp:
     llm.core().scheduler().check_invariants().unwrap();
     let stats = llm.stats().scheduler;
     assert_eq!(stats.kv_cache_usage, 0.0, "every block is free at the end");
-    (got, (stats.num_draft_tokens, stats.num_accepted_tokens))
+    let spec = stats.spec_decoding;
+    assert_eq!(
+        spec.num_accepted_tokens_per_pos.iter().sum::<u64>(),
+        spec.num_accepted_tokens,
+        "every kept draft counted at its position"
+    );
+    (got, (spec.num_draft_tokens, spec.num_accepted_tokens))
 }
 
 #[test]
@@ -194,4 +200,13 @@ fn constrained_outputs_over_http_do_not_change_with_drafts() {
     let accepted = "vllm:spec_decode_num_accepted_tokens_total";
     assert_eq!(plain.metric(accepted), 0.0);
     assert!(drafting.metric(accepted) > 0.0, "drafts were kept");
+    // One series per draft position, together the kept total; none
+    // without drafts.
+    let per_pos = "vllm:spec_decode_num_accepted_tokens_per_pos_total";
+    let positions = drafting.metric_by_rank(per_pos);
+    assert_eq!(positions.len(), 4, "one series per draft position");
+    assert!(positions.windows(2).all(|w| w[0] >= w[1]), "{positions:?}");
+    assert_eq!(positions.iter().sum::<f64>(), drafting.metric(accepted));
+    let text = plain.get("/metrics").text();
+    assert!(!text.contains(&format!("{per_pos}{{")), "{text}");
 }

@@ -312,6 +312,7 @@ fn add_counters(into: &mut EngineStats, from: &EngineStats) {
     s.prefix_cache.hits += f.prefix_cache.hits;
     s.num_preemptions += f.num_preemptions;
     s.num_policy_fallbacks += f.num_policy_fallbacks;
+    s.spec_decoding.add(&f.spec_decoding);
     into.num_prompt_tokens += from.num_prompt_tokens;
     into.num_generation_tokens += from.num_generation_tokens;
     into.num_worker_restarts += from.num_worker_restarts;
@@ -352,6 +353,8 @@ mod tests {
         s.scheduler.num_waiting = 1;
         s.scheduler.kv_cache_usage = usage;
         s.scheduler.prefix_cache.hits = 10;
+        s.scheduler.spec_decoding.num_draft_tokens = 6;
+        s.scheduler.spec_decoding.num_accepted_tokens_per_pos = vec![3, 1];
         s.scheduler.cache_config.block_size = 16;
         s.scheduler.cache_config.num_blocks = blocks;
         s.num_prompt_tokens = prompt_tokens;
@@ -365,6 +368,8 @@ mod tests {
         assert_eq!((s.num_running, s.num_waiting), (5, 2));
         assert_eq!(s.kv_cache_usage, 0.375, "the mean of equal caches");
         assert_eq!(s.prefix_cache.hits, 20);
+        assert_eq!(s.spec_decoding.num_draft_tokens, 12);
+        assert_eq!(s.spec_decoding.num_accepted_tokens_per_pos, [6, 2]);
         assert_eq!(
             (s.cache_config.block_size, s.cache_config.num_blocks),
             (16, 200)

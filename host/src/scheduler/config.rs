@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::ngram::NgramProposer;
 use super::SchedulerError;
-use crate::config::EngineConfig;
+use crate::config::{EngineConfig, MAX_SPECULATIVE_TOKENS};
 
 /// Limits and switches for one scheduler.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -134,6 +134,13 @@ impl SchedulerConfig {
                 });
             }
         }
+        if self.num_speculative_tokens as usize > MAX_SPECULATIVE_TOKENS {
+            return Err(SchedulerError::InvalidConfig {
+                field: "num_speculative_tokens",
+                value: self.num_speculative_tokens.to_string(),
+                reason: format!("must be at most {MAX_SPECULATIVE_TOKENS}"),
+            });
+        }
         if self.num_speculative_tokens > 0
             && !(1..=self.prompt_lookup_max).contains(&self.prompt_lookup_min)
         {
@@ -174,5 +181,21 @@ mod tests {
         assert!(e.to_string().contains("max_num_seq"), "{e}");
         let e = SchedulerConfig::default().validate().unwrap_err();
         assert!(e.to_string().contains("num_blocks = 0"), "{e}");
+    }
+
+    #[test]
+    fn draft_lengths_are_bounded_as_the_speculative_table_bounds_them() {
+        let c: SchedulerConfig = toml::from_str(
+            "num_blocks = 10\nnum_speculative_tokens = 32\nprompt_lookup_min = 1\nprompt_lookup_max = 2",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let c = SchedulerConfig {
+            num_speculative_tokens: 33,
+            ..c
+        };
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("num_speculative_tokens = 33"), "{e}");
+        assert!(e.contains("at most 32"), "{e}");
     }
 }

@@ -21,6 +21,7 @@ mod policy_plugin;
 pub mod request;
 mod restart;
 mod schedule;
+mod spec_stats;
 mod update;
 
 #[cfg(test)]
@@ -41,12 +42,13 @@ pub use policy::{
 };
 pub use policy_plugin::{policy_from_config, policy_from_host};
 pub use request::{FinishReason, Request, RequestStatus};
+pub use spec_stats::SpecDecodingStats;
 
 use crate::kv_cache::{KVCacheManager, PrefixCacheStats};
 use crate::step::ReqHandle;
 
 /// Counters and gauges for logging and the metrics endpoint.
-#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SchedulerStats {
     /// Requests in the running batch.
     pub num_running: usize,
@@ -58,15 +60,9 @@ pub struct SchedulerStats {
     pub prefix_cache: PrefixCacheStats,
     /// Preemptions since start.
     pub num_preemptions: u64,
-    /// Speculative decoding: draft tokens proposed and verified since start.
+    /// Speculative decoding's counters.
     #[serde(default)]
-    pub num_draft_tokens: u64,
-    /// Speculative decoding: draft tokens kept since start.
-    #[serde(default)]
-    pub num_accepted_tokens: u64,
-    /// Speculative decoding: steps of a request that verified drafts.
-    #[serde(default)]
-    pub num_drafts: u64,
+    pub spec_decoding: SpecDecodingStats,
     /// Policy answers that were invalid and replaced by FCFS.
     pub num_policy_fallbacks: u64,
     /// The KV cache's shape, for `vllm:cache_config_info`.
@@ -142,16 +138,8 @@ pub struct Scheduler {
     num_policy_fallbacks: u64,
     /// Proposes draft tokens, when speculative decoding is on.
     proposer: Option<NgramProposer>,
-    spec_stats: SpecStats,
+    spec_stats: SpecDecodingStats,
     scratch: Scratch,
-}
-
-/// Speculative decoding's counters (see [`SchedulerStats`]).
-#[derive(Debug, Default, Clone, Copy)]
-struct SpecStats {
-    drafts: u64,
-    draft_tokens: u64,
-    accepted_tokens: u64,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -185,7 +173,7 @@ impl Scheduler {
         )?;
         Ok(Self {
             proposer: config.ngram_proposer(),
-            spec_stats: SpecStats::default(),
+            spec_stats: SpecDecodingStats::new(config.num_speculative_tokens as usize),
             config,
             kv,
             policy,
@@ -417,9 +405,7 @@ impl Scheduler {
             kv_cache_usage: self.kv.usage(),
             prefix_cache: self.kv.prefix_cache_stats(),
             num_preemptions: self.num_preemptions,
-            num_draft_tokens: self.spec_stats.draft_tokens,
-            num_accepted_tokens: self.spec_stats.accepted_tokens,
-            num_drafts: self.spec_stats.drafts,
+            spec_decoding: self.spec_stats.clone(),
             num_policy_fallbacks: self.num_policy_fallbacks,
             cache_config: CacheConfigInfo {
                 block_size: self.config.block_size,

@@ -328,11 +328,18 @@ fn run(cfg: Cfg, specs: Vec<Spec>, seed: u64, depth: usize) -> Result<(), TestCa
         cfg.num_blocks,
         "blocks leaked"
     );
-    let spec = s.make_stats();
+    let spec = s.make_stats().spec_decoding;
     prop_assert!(spec.num_accepted_tokens <= spec.num_draft_tokens);
     if cfg.spec.0 == 0 {
         prop_assert_eq!(spec.num_draft_tokens, 0);
     }
+    // A draft is kept only after every draft before it: the counts per
+    // position fall, and together they are the kept total.
+    let per_pos = &spec.num_accepted_tokens_per_pos;
+    prop_assert_eq!(per_pos.len(), cfg.spec.0 as usize);
+    prop_assert!(per_pos.windows(2).all(|w| w[0] >= w[1]));
+    prop_assert!(per_pos.first().is_none_or(|&n| n <= spec.num_drafts));
+    prop_assert_eq!(per_pos.iter().sum::<u64>(), spec.num_accepted_tokens);
     let stats = s.make_stats().prefix_cache;
     prop_assert!(stats.hits <= stats.queries);
     if !cfg.caching {

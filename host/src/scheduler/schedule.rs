@@ -347,8 +347,7 @@ impl Scheduler {
             let drafts = &self.scratch.drafts[s.drafts.clone()];
             if !drafts.is_empty() {
                 out.scheduled_spec_decode_tokens.push(s.handle, drafts);
-                self.spec_stats.drafts += 1;
-                self.spec_stats.draft_tokens += drafts.len() as u64;
+                self.spec_stats.observe_draft(drafts.len());
             }
             let computed = req.num_computed_tokens as u32;
             match s.kind {

@@ -705,7 +705,7 @@ fn a_decode_verifies_ngram_drafts_and_gives_back_the_slots_of_refused_ones() {
     let r = s.request(h).unwrap();
     assert_eq!((r.num_tokens(), r.num_computed_tokens()), (9, 8));
     s.check_invariants().unwrap();
-    let stats = s.make_stats();
+    let stats = s.make_stats().spec_decoding;
     assert_eq!(
         (
             stats.num_drafts,
@@ -714,6 +714,7 @@ fn a_decode_verifies_ngram_drafts_and_gives_back_the_slots_of_refused_ones() {
         ),
         (1, 3, 2)
     );
+    assert_eq!(stats.num_accepted_tokens_per_pos, [1, 1, 0]);
     let out = s.schedule();
     assert_eq!(
         out.total_num_scheduled_tokens, 1,

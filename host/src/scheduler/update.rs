@@ -97,7 +97,7 @@ impl Scheduler {
                 if req.status == RequestStatus::Running {
                     req.num_computed_tokens -= drafts - kept;
                 }
-                self.spec_stats.accepted_tokens += kept as u64;
+                self.spec_stats.observe_accepted(kept);
             }
             let mut new_token_ids = NewTokens::default();
             let mut finish_reason = None;

@@ -242,17 +242,17 @@ impl Metrics {
             (
                 "vllm:spec_decode_num_drafts_total",
                 "Decode steps of a request that verified draft tokens.",
-                |s, _| s.scheduler.num_drafts,
+                |s, _| s.scheduler.spec_decoding.num_drafts,
             ),
             (
                 "vllm:spec_decode_num_draft_tokens_total",
                 "Draft tokens verified.",
-                |s, _| s.scheduler.num_draft_tokens,
+                |s, _| s.scheduler.spec_decoding.num_draft_tokens,
             ),
             (
                 "vllm:spec_decode_num_accepted_tokens_total",
                 "Draft tokens kept.",
-                |s, _| s.scheduler.num_accepted_tokens,
+                |s, _| s.scheduler.spec_decoding.num_accepted_tokens,
             ),
             (
                 "vllm:engine_core_restarts_total",
@@ -279,6 +279,21 @@ impl Metrics {
             header(&mut out, name, "counter", help);
             for ((stats, restarts), labels) in ranks.iter().zip(&labels) {
                 let _ = writeln!(out, "{name}{{{labels}}} {}", value(stats, restarts));
+            }
+        }
+        // One series per draft position (none with speculative decoding
+        // off): how often the draft there was kept.
+        let name = "vllm:spec_decode_num_accepted_tokens_per_pos_total";
+        header(
+            &mut out,
+            name,
+            "counter",
+            "Draft tokens kept, per position in the draft.",
+        );
+        for ((stats, _), labels) in ranks.iter().zip(&labels) {
+            let per_pos = &stats.scheduler.spec_decoding.num_accepted_tokens_per_pos;
+            for (position, n) in per_pos.iter().enumerate() {
+                let _ = writeln!(out, "{name}{{{labels},position=\"{position}\"}} {n}");
             }
         }
         // Not a vLLM metric (vLLM has no plugins); named alike so one
@@ -409,9 +424,12 @@ mod tests {
                     num_blocks: 364,
                     enable_prefix_caching: true,
                 },
-                num_drafts: 2,
-                num_draft_tokens: 7,
-                num_accepted_tokens: 5,
+                spec_decoding: crate::engine::SpecDecodingStats {
+                    num_drafts: 2,
+                    num_draft_tokens: 7,
+                    num_accepted_tokens: 5,
+                    num_accepted_tokens_per_pos: vec![2, 2, 1],
+                },
             },
             num_prompt_tokens: 100,
             num_generation_tokens: 50,
@@ -462,6 +480,15 @@ mod tests {
             format!("vllm:spec_decode_num_drafts_total{{{labels}}} 2"),
             format!("vllm:spec_decode_num_draft_tokens_total{{{labels}}} 7"),
             format!("vllm:spec_decode_num_accepted_tokens_total{{{labels}}} 5"),
+            format!(
+                "vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position=\"0\"}} 2"
+            ),
+            format!(
+                "vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position=\"2\"}} 1"
+            ),
+            format!(
+                "vllm:spec_decode_num_accepted_tokens_per_pos_total{{{rank1},position=\"1\"}} 2"
+            ),
             format!("vllm:plugin_faults_total{{{labels},plugin=\"test:policy\"}} 3"),
             format!("vllm:plugin_faults_total{{{rank1},plugin=\"a\\\"b\"}} 0"),
             format!("vllm:request_success_total{{{labels},finished_reason=\"length\"}} 1"),
@@ -476,5 +503,9 @@ mod tests {
                 "missing `{line}` in\n{text}"
             );
         }
+        assert!(
+            !text.contains("position=\"3\""),
+            "a position past num_speculative_tokens"
+        );
     }
 }

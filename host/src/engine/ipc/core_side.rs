@@ -131,7 +131,9 @@ fn send_outputs(
     let mut died = None;
     for msg in from_core {
         let msg = match msg {
-            CoreOutput::Step(outs, stats, events) => CoreMessage::Step(outs, stats, events),
+            CoreOutput::Step(outs, stats, events) => {
+                CoreMessage::Step(outs, Box::new(stats), events)
+            }
             CoreOutput::Rejected { request_id, reason } => {
                 CoreMessage::Rejected { request_id, reason }
             }

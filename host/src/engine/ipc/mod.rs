@@ -114,9 +114,10 @@ pub enum ClientMessage {
 /// A message from the engine core to the client.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum CoreMessage {
-    /// One step's outputs, the counters after it and the prefix cache's
-    /// events for a data-parallel router.
-    Step(Vec<EngineCoreOutput>, EngineStats, Vec<KvCacheEvent>),
+    /// One step's outputs, the counters after it (boxed: they dwarf the
+    /// other messages) and the prefix cache's events for a data-parallel
+    /// router.
+    Step(Vec<EngineCoreOutput>, Box<EngineStats>, Vec<KvCacheEvent>),
     /// A request the scheduler refused.
     Rejected {
         /// The request (the engine core's id for it).

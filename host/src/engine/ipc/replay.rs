@@ -78,7 +78,7 @@ mod tests {
     use crate::engine::client::EngineCoreError;
     use crate::engine::core::EngineStats;
     use crate::engine::shared::Shared;
-    use crate::engine::{PrefixCacheStats, SchedulerStats};
+    use crate::engine::{PrefixCacheStats, SchedulerStats, SpecDecodingStats};
     use crate::sampling::SamplingParams;
     use crate::step::{PromptLogprob, PromptLogprobs};
 
@@ -173,6 +173,11 @@ mod tests {
                 prefix_cache: PrefixCacheStats::default(),
                 num_preemptions: 1,
                 num_policy_fallbacks: 0,
+                spec_decoding: SpecDecodingStats {
+                    num_accepted_tokens: generated,
+                    num_accepted_tokens_per_pos: vec![generated],
+                    ..Default::default()
+                },
                 ..Default::default()
             },
             num_prompt_tokens: 10,
@@ -210,6 +215,9 @@ mod tests {
         assert_eq!(total.num_generation_tokens, 47);
         assert_eq!(total.num_prompt_tokens, 30);
         assert_eq!(total.scheduler.num_preemptions, 3);
+        let spec = &total.scheduler.spec_decoding;
+        assert_eq!(spec.num_accepted_tokens, 47);
+        assert_eq!(spec.num_accepted_tokens_per_pos, [47]);
         assert_eq!(total.num_worker_restarts, 2);
         assert_eq!(total.num_worker_replayed_requests, 6);
         assert_eq!(total.plugin_faults, [("test:p".to_string(), 2)].into());

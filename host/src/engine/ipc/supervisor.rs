@@ -264,7 +264,7 @@ fn read_outputs(output: &MessageQueue, shared: &Shared, pending: &Pending) {
     loop {
         match output.dequeue::<CoreMessage>(None) {
             Ok(CoreMessage::Step(outs, stats, events)) => {
-                shared.publish_stats(stats);
+                shared.publish_stats(*stats);
                 shared.record_kv_events(events);
                 shared.dispatch(outs);
             }
