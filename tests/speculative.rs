@@ -7,11 +7,12 @@
 //! scheduling; and over HTTP with the structured-output plugin masking
 //! every position.
 
-use crate::harness::Server;
+use crate::harness::{structured_outputs_args, Server};
 use host::config::EngineConfig;
 use host::engine::{GenerateRequest, Llm, Prompt};
 use host::sampling::SamplingParams;
 use serde_json::json;
+use std::time::{Duration, Instant};
 
 /// Prompts whose continuations repeat what came before (so n-gram drafts
 /// are often right) and ones that do not.
@@ -160,8 +161,19 @@ fn drafts_change_how_many_tokens_a_step_yields_never_which() {
 #[test]
 fn constrained_outputs_over_http_do_not_change_with_drafts() {
     let spec = r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}"#;
-    let plain = Server::start_with_structured_outputs(&[]);
-    let drafting = Server::start_with_structured_outputs(&["--speculative-config", spec]);
+    // Both log their stats every half second, unless told not to.
+    let every = "server.log_stats_interval_s=0.5";
+    let plain = Server::start_logged(&structured_outputs_args(&[
+        "--set",
+        every,
+        "--disable-log-stats",
+    ]));
+    let drafting = Server::start_logged(&structured_outputs_args(&[
+        "--set",
+        every,
+        "--speculative-config",
+        spec,
+    ]));
     let schema = json!({
         "type": "object",
         "properties": {
@@ -209,4 +221,53 @@ fn constrained_outputs_over_http_do_not_change_with_drafts() {
     assert_eq!(positions.iter().sum::<f64>(), drafting.metric(accepted));
     let text = plain.get("/metrics").text();
     assert!(!text.contains(&format!("{per_pos}{{")), "{text}");
+
+    // The stats lines' per-interval counts add up to the counter (once
+    // the interval after the last request was logged), and the server
+    // started with --disable-log-stats logs none.
+    let kept = drafting.metric(accepted) as u64;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut log = drafting.log();
+    while logged_accepted(&log) != kept && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        log = drafting.log();
+    }
+    assert_eq!(
+        logged_accepted(&log),
+        kept,
+        "the logged intervals add up to /metrics:\n{log}"
+    );
+    assert!(log.contains("Engine 000: Avg prompt throughput: "), "{log}");
+    let line = log
+        .lines()
+        .find(|l| l.contains("SpecDecoding metrics: "))
+        .unwrap();
+    let rates = line.split("Per-position acceptance rate: ").nth(1).unwrap();
+    let rates: Vec<f64> = (rates.split(", Avg Draft").next().unwrap().split(", "))
+        .map(|r| r.parse().unwrap())
+        .collect();
+    assert_eq!(rates.len(), 4, "{line}");
+    assert!(rates.windows(2).all(|w| w[0] >= w[1]), "{line}");
+    let quiet = plain.log();
+    assert!(!quiet.contains("Avg prompt throughput"), "{quiet}");
+}
+
+/// The drafts kept, summed over the speculative stats lines of `log`.
+fn logged_accepted(log: &str) -> u64 {
+    log.lines()
+        .filter_map(|l| l.split("SpecDecoding metrics: ").nth(1))
+        .map(|l| number_after(l, "Accepted: "))
+        .sum()
+}
+
+/// The whole number that follows `key` in `line`.
+fn number_after(line: &str, key: &str) -> u64 {
+    let rest = line
+        .split(key)
+        .nth(1)
+        .unwrap_or_else(|| panic!("no {key} in {line}"));
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits
+        .parse()
+        .unwrap_or_else(|_| panic!("no number after {key} in {line}"))
 }

@@ -7,7 +7,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -22,36 +22,60 @@ pub struct Server {
     child: Child,
     /// `127.0.0.1:PORT`.
     pub addr: String,
+    /// Its stderr so far, when started by [`Server::start_logged`].
+    log: Option<Arc<Mutex<String>>>,
 }
 
 impl Server {
-    /// A server with the structured-output plugin and `more`. The default configuration serves
-    /// the plugin when it is installed beside the binary (scripts/test.sh
-    /// puts it there); otherwise it is given by path, since a second copy
-    /// of the same name would clash with the installed one.
+    /// A server with the structured-output plugin and `more`.
     pub fn start_with_structured_outputs(more: &[&str]) -> Server {
-        let installed = e2e::host_bin().with_file_name("plugins/structured_output.wasm");
-        let mut args: Vec<String> = more.iter().map(|a| a.to_string()).collect();
-        if !installed.is_file() {
-            let wasm = e2e::plugin("structured_output");
-            args.extend(["--plugin".to_string(), wasm.to_string_lossy().into_owned()]);
-        }
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        Server::start(&args)
+        let args = structured_outputs_args(more);
+        Server::start(&args.iter().map(String::as_str).collect::<Vec<_>>())
     }
 
     /// `host [global flags] serve --port 0 [args]` on the default model.
     pub fn start(args: &[&str]) -> Server {
+        Server::spawn(args, false)
+    }
+
+    /// As [`Server::start`], keeping stderr (plain text) for
+    /// [`Server::log`] instead of passing it through.
+    pub fn start_logged<S: AsRef<str>>(args: &[S]) -> Server {
+        let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
+        Server::spawn(&args, true)
+    }
+
+    fn spawn(args: &[&str], keep_log: bool) -> Server {
         let model = e2e::default_model();
-        let mut child = Command::new(e2e::host_bin())
+        let mut command = Command::new(e2e::host_bin());
+        command
             .arg("--model")
             .arg(&model)
             .args(["serve", "--host", "127.0.0.1", "--port", "0"])
             .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn host serve");
+            .stdout(Stdio::piped());
+        if keep_log {
+            command
+                .env("NO_COLOR", "1")
+                .env_remove("RUST_LOG")
+                .stderr(Stdio::piped());
+        } else {
+            command.stderr(Stdio::inherit());
+        }
+        let mut child = command.spawn().expect("spawn host serve");
+        let log = keep_log.then(|| {
+            let log = Arc::new(Mutex::new(String::new()));
+            let stderr = BufReader::new(child.stderr.take().expect("piped stderr"));
+            let kept = log.clone();
+            std::thread::spawn(move || {
+                for line in stderr.lines().map_while(Result::ok) {
+                    let mut log = kept.lock().unwrap();
+                    log.push_str(&line);
+                    log.push('\n');
+                }
+            });
+            log
+        });
         let addr = match listening_address(&mut child).recv_timeout(STARTUP) {
             Ok(addr) => addr,
             Err(_) => {
@@ -59,7 +83,13 @@ impl Server {
                 panic!("host serve did not print its address within {STARTUP:?}");
             }
         };
-        Server { child, addr }
+        Server { child, addr, log }
+    }
+
+    /// Its stderr so far (started by [`Server::start_logged`]).
+    pub fn log(&self) -> String {
+        let log = self.log.as_ref().expect("a server started by start_logged");
+        log.lock().unwrap().clone()
     }
 
     /// The process id (for signals).
@@ -243,6 +273,20 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `more` and, unless it is installed beside the binary (scripts/test.sh
+/// puts it there; the default configuration then serves it), the
+/// structured-output plugin by path: a second copy of the same name would
+/// clash with the installed one.
+pub fn structured_outputs_args(more: &[&str]) -> Vec<String> {
+    let installed = e2e::host_bin().with_file_name("plugins/structured_output.wasm");
+    let mut args: Vec<String> = more.iter().map(|a| a.to_string()).collect();
+    if !installed.is_file() {
+        let wasm = e2e::plugin("structured_output");
+        args.extend(["--plugin".to_string(), wasm.to_string_lossy().into_owned()]);
+    }
+    args
 }
 
 /// The address a `host serve` child prints once it listens (`listening on

@@ -280,10 +280,13 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// Logs go to stderr, filtered by `RUST_LOG` (default: warnings).
+/// Logs go to stderr, filtered by `RUST_LOG` (default: warnings, and the
+/// server's periodic stats lines).
 fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        let stats = crate::server::STATS_LOG_TARGET;
+        tracing_subscriber::EnvFilter::new(format!("warn,{stats}=info"))
+    });
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

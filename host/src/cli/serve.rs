@@ -30,6 +30,9 @@ pub struct ServeArgs {
     /// 0), or its workers of a multi-node group (implied by node_rank > 0).
     #[arg(long)]
     pub headless: bool,
+    /// Log no periodic stats lines [server.disable_log_stats].
+    #[arg(long)]
+    pub disable_log_stats: bool,
 }
 
 impl ServeArgs {
@@ -45,6 +48,9 @@ impl ServeArgs {
         }
         if let Some(k) = &self.api_key {
             out.push(format!("server.api_key={}", quoted(k)));
+        }
+        if self.disable_log_stats {
+            out.push("server.disable_log_stats=true".into());
         }
         out
     }

@@ -74,6 +74,11 @@ pub struct ServerConfig {
     /// Most bytes of text (conversations and answers) the stored responses
     /// hold together; the oldest are evicted past it.
     pub max_stored_response_bytes: usize,
+    /// Seconds between the stats lines in the log (throughput, requests,
+    /// KV-cache usage, drafts kept; vLLM's `VLLM_LOG_STATS_INTERVAL`).
+    pub log_stats_interval_s: f64,
+    /// Log no stats lines (vLLM's `--disable-log-stats`).
+    pub disable_log_stats: bool,
 }
 
 impl Default for ServerConfig {
@@ -105,6 +110,8 @@ impl Default for ServerConfig {
             cors_allowed_origins: Vec::new(),
             max_stored_responses: 1000,
             max_stored_response_bytes: 64 << 20,
+            log_stats_interval_s: 10.0,
+            disable_log_stats: false,
         }
     }
 }

@@ -169,6 +169,9 @@ fn out_of_range_values_are_refused() {
         "parallel.data_parallel_size=0",
         "parallel.data_parallel_size=65",
         "parallel.data_parallel_rank=1",
+        "server.log_stats_interval_s=0",
+        "server.log_stats_interval_s=0.001",
+        "server.log_stats_interval_s=inf",
     ] {
         assert!(
             EngineConfig::load(None, &[item.to_string()]).is_err(),

@@ -281,6 +281,10 @@ impl EngineConfig {
                 "server.idle_connection_timeout_s",
                 self.server.idle_connection_timeout_s,
             ),
+            (
+                "server.log_stats_interval_s",
+                self.server.log_stats_interval_s,
+            ),
         ];
         if let Some((key, v)) = server_seconds
             .into_iter()
@@ -289,6 +293,15 @@ impl EngineConfig {
             return invalid(
                 key,
                 format!("must be a positive number of seconds, got {v}"),
+            );
+        }
+        if self.server.log_stats_interval_s < 0.01 {
+            return invalid(
+                "server.log_stats_interval_s",
+                format!(
+                    "must be at least 0.01 seconds, got {}",
+                    self.server.log_stats_interval_s
+                ),
             );
         }
         if !WORKER_CLASSES.contains(&self.worker.cls.as_str()) {

@@ -38,6 +38,7 @@ pub mod protocol;
 mod responses;
 mod routes;
 mod sse;
+mod stat_logger;
 mod structured;
 mod tokenize;
 mod tools;
@@ -53,6 +54,7 @@ use axum::extract::rejection::BytesRejection;
 
 pub use error::ApiError;
 pub use metrics::Metrics;
+pub(crate) use stat_logger::TARGET as STATS_LOG_TARGET;
 
 use crate::config::{EngineConfig, ServerConfig};
 use crate::engine::EngineCoreClient;
@@ -290,6 +292,10 @@ async fn run(
     let router = routes::router(app.clone(), local);
     let limits = listener::Limits::new(&config.server);
     let server = tokio::spawn(listener::serve(listener, router, limits, stop_rx));
+    if !config.server.disable_log_stats {
+        let interval = Duration::from_secs_f64(config.server.log_stats_interval_s);
+        tokio::spawn(stat_logger::run(client.clone(), interval));
+    }
 
     tokio::select! {
         stopped = client.stopped() => {
