@@ -43,7 +43,7 @@
 
 use crate::harness;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -103,16 +103,7 @@ impl Served {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn host serve");
-        let log = Arc::new(Mutex::new(String::new()));
-        let stderr = BufReader::new(child.stderr.take().expect("piped stderr"));
-        let kept = log.clone();
-        std::thread::spawn(move || {
-            for line in stderr.lines().map_while(Result::ok) {
-                let mut log = kept.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
+        let log = harness::keep_stderr(&mut child);
         let Ok(addr) = harness::listening_address(&mut child).recv_timeout(STARTUP) else {
             let _ = child.kill();
             panic!(

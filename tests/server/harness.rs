@@ -63,19 +63,7 @@ impl Server {
             command.stderr(Stdio::inherit());
         }
         let mut child = command.spawn().expect("spawn host serve");
-        let log = keep_log.then(|| {
-            let log = Arc::new(Mutex::new(String::new()));
-            let stderr = BufReader::new(child.stderr.take().expect("piped stderr"));
-            let kept = log.clone();
-            std::thread::spawn(move || {
-                for line in stderr.lines().map_while(Result::ok) {
-                    let mut log = kept.lock().unwrap();
-                    log.push_str(&line);
-                    log.push('\n');
-                }
-            });
-            log
-        });
+        let log = keep_log.then(|| keep_stderr(&mut child));
         let addr = match listening_address(&mut child).recv_timeout(STARTUP) {
             Ok(addr) => addr,
             Err(_) => {
@@ -287,6 +275,22 @@ pub fn structured_outputs_args(more: &[&str]) -> Vec<String> {
         args.extend(["--plugin".to_string(), wasm.to_string_lossy().into_owned()]);
     }
     args
+}
+
+/// The piped stderr of `child`, kept line by line by a thread of its own
+/// as it comes.
+pub fn keep_stderr(child: &mut Child) -> Arc<Mutex<String>> {
+    let log = Arc::new(Mutex::new(String::new()));
+    let stderr = BufReader::new(child.stderr.take().expect("piped stderr"));
+    let kept = log.clone();
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            let mut log = kept.lock().unwrap();
+            log.push_str(&line);
+            log.push('\n');
+        }
+    });
+    log
 }
 
 /// The address a `host serve` child prints once it listens (`listening on
