@@ -58,6 +58,21 @@ impl SpecDecodingStats {
             *n += o;
         }
     }
+
+    /// The counts gained since `prev`, an earlier reading of the same
+    /// counters (for a log interval).
+    pub fn since(&self, prev: &SpecDecodingStats) -> SpecDecodingStats {
+        let before = |i: usize| prev.num_accepted_tokens_per_pos.get(i).copied();
+        SpecDecodingStats {
+            num_drafts: self.num_drafts.saturating_sub(prev.num_drafts),
+            num_draft_tokens: self.num_draft_tokens.saturating_sub(prev.num_draft_tokens),
+            num_accepted_tokens: (self.num_accepted_tokens)
+                .saturating_sub(prev.num_accepted_tokens),
+            num_accepted_tokens_per_pos: (self.num_accepted_tokens_per_pos.iter().enumerate())
+                .map(|(i, n)| n.saturating_sub(before(i).unwrap_or(0)))
+                .collect(),
+        }
+    }
 }
 
 #[cfg(test)]

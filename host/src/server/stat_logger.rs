@@ -70,7 +70,7 @@ impl StatLogger {
                 || now.num_generation_tokens > prev.num_generation_tokens;
             if busy || *was_busy {
                 lines.push(engine_line(rank, prev, &now, secs));
-                let spec = delta(&prev.scheduler.spec_decoding, &now.scheduler.spec_decoding);
+                let spec = (now.scheduler.spec_decoding).since(&prev.scheduler.spec_decoding);
                 if spec.num_drafts > 0 {
                     lines.push(spec_line(rank, &spec, secs));
                 }
@@ -125,21 +125,6 @@ fn spec_line(rank: usize, d: &SpecDecodingStats, secs: f64) -> String {
         d.num_draft_tokens,
         percent(d.num_accepted_tokens, d.num_draft_tokens),
     )
-}
-
-/// The counters gained from `prev` to `now`.
-fn delta(prev: &SpecDecodingStats, now: &SpecDecodingStats) -> SpecDecodingStats {
-    let before = |i: usize| prev.num_accepted_tokens_per_pos.get(i).copied();
-    SpecDecodingStats {
-        num_drafts: now.num_drafts.saturating_sub(prev.num_drafts),
-        num_draft_tokens: now.num_draft_tokens.saturating_sub(prev.num_draft_tokens),
-        num_accepted_tokens: now
-            .num_accepted_tokens
-            .saturating_sub(prev.num_accepted_tokens),
-        num_accepted_tokens_per_pos: (now.num_accepted_tokens_per_pos.iter().enumerate())
-            .map(|(i, n)| n.saturating_sub(before(i).unwrap_or(0)))
-            .collect(),
-    }
 }
 
 /// `part / whole` in percent; 0 when `whole` is 0.
