@@ -193,6 +193,7 @@ fn stop_strings_abort_and_free_every_block() {
             prompt: Prompt::Text(t.clone()),
             params: params.clone(),
             priority: 0,
+            prediction: None,
         })
         .collect();
     let results = llm.generate(&requests, |_, _| {}, |_, _| {}).unwrap();
@@ -247,6 +248,7 @@ fn async_scheduling_does_not_change_outputs() {
                 prompt: Prompt::Text(t.clone()),
                 params: p.clone(),
                 priority: 0,
+                prediction: None,
             })
             .collect();
         let got: Vec<(Vec<u32>, String)> = llm

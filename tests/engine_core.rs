@@ -60,6 +60,7 @@ fn request(id: &str, prompt_token_ids: Vec<u32>, params: SamplingParams) -> Engi
         sampling_params: params,
         priority: 0,
         output_token_ids: Vec::new(),
+        prediction: Vec::new(),
     }
 }
 
@@ -110,6 +111,7 @@ fn streams_from_many_threads_equal_the_offline_api() {
             prompt: Prompt::Tokens(ids.clone()),
             params: params.clone(),
             priority: 0,
+            prediction: None,
         })
         .collect();
     let expected: Vec<Vec<u32>> = llm

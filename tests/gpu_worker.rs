@@ -46,6 +46,7 @@ fn greedy(llm: &mut Llm) -> Vec<Vec<u32>> {
                 ..SamplingParams::default()
             },
             priority: 0,
+            prediction: None,
         })
         .collect();
     let done = llm.generate(&reqs, |_, _| {}, |_, _| {}).unwrap();
@@ -146,6 +147,7 @@ fn generate(llm: &mut Llm, prompts: &[&str], params: &[SamplingParams]) -> Vec<V
             prompt: Prompt::Text(p.to_string()),
             params: params.clone(),
             priority: 0,
+            prediction: None,
         })
         .collect();
     let done = llm.generate(&reqs, |_, _| {}, |_, _| {}).unwrap();

@@ -183,6 +183,7 @@ pub fn generate_all<S: AsRef<str>>(
             prompt: Prompt::Text(p.as_ref().to_string()),
             params: params.clone(),
             priority: 0,
+            prediction: None,
         })
         .collect();
     llm.generate(&requests, |_, _| {}, |_, _| {})

@@ -156,6 +156,7 @@ fn a_group_whose_remote_worker_died_is_restarted_with_the_node_and_finishes_unch
             prompt: Prompt::Text(p.to_string()),
             params: params.clone(),
             priority: 0,
+            prediction: None,
         })
         .collect();
     let mut deltas = 0;

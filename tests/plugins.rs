@@ -35,6 +35,7 @@ fn request(text: &str, params: SamplingParams) -> GenerateRequest {
         prompt: Prompt::Text(text.to_string()),
         params,
         priority: 0,
+        prediction: None,
     }
 }
 

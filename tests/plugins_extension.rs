@@ -45,6 +45,7 @@ fn greedy_tokens(llm: &mut Llm) -> (Vec<u32>, Vec<u32>) {
             ..SamplingParams::default()
         },
         priority: 0,
+        prediction: None,
     };
     let done = llm.generate(&[req], |_, _| {}, |_, _| {}).unwrap();
     let done = done.into_iter().next().unwrap().unwrap();
@@ -251,6 +252,7 @@ fn a_plugin_built_against_wit_0_1_still_loads_and_runs() {
                 ..SamplingParams::default()
             },
             priority: 0,
+            prediction: None,
         })
         .collect();
     let done = llm.generate(&reqs, |_, _| {}, |_, _| {}).unwrap();

@@ -139,6 +139,7 @@ fn run(policy: &str) -> (Vec<usize>, Vec<Vec<u32>>, Vec<usize>) {
             prompt: Prompt::Text(t.to_string()),
             params: params.clone(),
             priority: 0,
+            prediction: None,
         })
         .collect();
     let done: Vec<_> = llm

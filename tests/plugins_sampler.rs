@@ -68,6 +68,7 @@ fn run_counting(
             prompt: Prompt::Text(t.to_string()),
             params: p.clone(),
             priority: 0,
+            prediction: None,
         })
         .collect();
     let mut llm = Llm::new(c).unwrap();

@@ -30,6 +30,7 @@ fn offline(prompts: Vec<Prompt>, params: SamplingParams) -> Vec<Completion> {
             prompt,
             params: params.clone(),
             priority: 0,
+            prediction: None,
         })
         .collect();
     llm.generate(&reqs, |_, _| {}, |_, _| {})

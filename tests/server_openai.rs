@@ -36,6 +36,7 @@ fn the_openai_client_works_unchanged() {
         prompt,
         params: params.clone(),
         priority: 0,
+        prediction: None,
     })
     .collect();
     let want = Llm::new(&config)

@@ -34,6 +34,7 @@ fn offline(conversations: Vec<Vec<ChatMessage>>) -> Vec<String> {
             prompt: Prompt::Chat(c),
             params: params.clone(),
             priority: 0,
+            prediction: None,
         })
         .collect();
     Llm::new(&config)

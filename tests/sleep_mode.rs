@@ -40,6 +40,7 @@ fn greedy(prompt: &str) -> GenerateRequest {
             ..SamplingParams::default()
         },
         priority: 0,
+        prediction: None,
     }
 }
 
@@ -228,6 +229,7 @@ fn sleep_waits_for_no_one_it_refuses_while_requests_are_unfinished() {
         sampling_params: greedy(PROMPT).params,
         priority: 0,
         output_token_ids: Vec::new(),
+        prediction: Vec::new(),
     };
     core.add_request(request).unwrap();
     // One step: the request is in the worker's batch (and, under async

@@ -90,6 +90,7 @@ fn run(num_speculative_tokens: usize, async_scheduling: bool, backend: &str, tp:
             prompt: Prompt::Text(t.clone()),
             params: p,
             priority: 0,
+            prediction: None,
         })
         .collect();
     let got = llm

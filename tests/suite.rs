@@ -24,6 +24,7 @@ mod plugins_grants;
 mod plugins_python;
 mod plugins_sampler;
 mod plugins_sandbox;
+mod predicted_outputs;
 mod recovery;
 mod reference_agreement;
 mod server;

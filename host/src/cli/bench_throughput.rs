@@ -73,6 +73,7 @@ pub fn run(config: &EngineConfig, args: &ThroughputArgs) -> anyhow::Result<()> {
                 prompt: Prompt::Tokens(ids),
                 params: params.clone(),
                 priority: 0,
+                prediction: None,
             }
         })
         .collect();

@@ -31,7 +31,9 @@ pub struct GenerateArgs {
     pub system: Option<String>,
     /// A JSONL file of requests, one per line: `{"prompt": "…"}` or
     /// `{"messages": [{"role": "user", "content": "…"}]}`, plus any sampling
-    /// parameter (`"max_tokens": 32`, `"temperature": 0`, …) and `"priority"`.
+    /// parameter (`"max_tokens": 32`, `"temperature": 0`, …), `"priority"`
+    /// and `"prediction"` (text the answer is expected to repeat, verified
+    /// as speculative drafts; needs `--speculative-config`).
     #[arg(long, value_name = "FILE", requires = "output")]
     pub input: Option<PathBuf>,
     /// Where `--input`'s completions go, one JSON line per request, in order.
@@ -49,6 +51,8 @@ struct InputLine {
     messages: Option<Vec<ChatMessage>>,
     #[serde(default)]
     priority: i32,
+    /// Text the answer is expected to repeat (a predicted output).
+    prediction: Option<String>,
     #[serde(flatten)]
     params: serde_json::Map<String, serde_json::Value>,
 }
@@ -87,6 +91,7 @@ fn run_one(
             prompt,
             params,
             priority: 0,
+            prediction: None,
         }],
         |_, delta| {
             if let Err(e) = out.write_all(delta.as_bytes()).and_then(|()| out.flush()) {
@@ -198,5 +203,6 @@ fn to_request(line: InputLine, defaults: &SamplingParams) -> anyhow::Result<Gene
         prompt,
         params,
         priority: line.priority,
+        prediction: line.prediction,
     })
 }

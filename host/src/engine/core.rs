@@ -18,7 +18,8 @@ mod utility;
 use crate::kv_cache::KvCacheEvent;
 use crate::sampling::SamplingParams;
 use crate::scheduler::{
-    FinishReason, Request, RequestOutput, Scheduler, SchedulerError, SchedulerStats,
+    FinishReason, PredictionTokens, Request, RequestOutput, Scheduler, SchedulerError,
+    SchedulerStats,
 };
 use crate::step::{Logprobs, PromptLogprobs, SchedulerOutput};
 pub use recovery::{Respawn, Respawned};
@@ -41,6 +42,11 @@ pub struct EngineCoreRequest {
     /// count towards `max_tokens`, penalties and the constraint.
     #[serde(default)]
     pub output_token_ids: Vec<u32>,
+    /// The client's guess at the output (OpenAI's predicted outputs),
+    /// verified as speculative draft tokens while the output follows it;
+    /// empty for none. Refused when speculative decoding is off.
+    #[serde(default)]
+    pub prediction: Vec<u32>,
 }
 
 /// What one request produced in one step.
@@ -66,6 +72,9 @@ pub struct EngineCoreOutput {
     /// order over the steps of its prefill, the last with its first token.
     #[serde(default)]
     pub new_prompt_logprobs: Option<PromptLogprobs>,
+    /// How the request's predicted output fared so far (`None` without one).
+    #[serde(default)]
+    pub prediction_tokens: Option<PredictionTokens>,
 }
 
 /// Why the engine core cannot go on.
@@ -222,8 +231,10 @@ impl EngineCore {
             arrival,
             req.priority,
         );
-        self.scheduler
-            .add_request(request.with_output(&req.output_token_ids))?;
+        let request = request
+            .with_output(&req.output_token_ids)
+            .with_prediction(req.prediction);
+        self.scheduler.add_request(request)?;
         self.num_prompt_tokens += prompt_len;
         Ok(())
     }
@@ -336,6 +347,7 @@ impl EngineCore {
                     _ => None,
                 },
                 new_prompt_logprobs: None,
+                prediction_tokens: o.prediction_tokens,
             });
         }
         self.flush_kv_events();
@@ -344,7 +356,7 @@ impl EngineCore {
         for (h, chunk) in sampled.prompt_logprobs.drain(..) {
             if let Some(i) = self.outputs.iter().position(|o| o.handle == h) {
                 out[i].new_prompt_logprobs = Some(chunk);
-            } else if self.scheduler.request(h).is_some() {
+            } else if let Some(req) = self.scheduler.request(h) {
                 out.push(EngineCoreOutput {
                     request_id: self.scheduler.request_id(h).unwrap_or_default().into(),
                     new_token_ids: Vec::new(),
@@ -353,6 +365,7 @@ impl EngineCore {
                     new_logprobs: Vec::new(),
                     error: None,
                     new_prompt_logprobs: Some(chunk),
+                    prediction_tokens: req.prediction_tokens(),
                 });
             }
         }

@@ -12,6 +12,7 @@ use super::output_processor::{Finish, RequestMetrics, RequestState};
 use super::startup;
 use crate::config::EngineConfig;
 use crate::sampling::SamplingParams;
+use crate::scheduler::PredictionTokens;
 use crate::step::{Logprobs, PromptLogprob};
 use crate::tokenizer::{ChatMessage, Tokenizer};
 
@@ -37,6 +38,9 @@ pub struct GenerateRequest {
     pub params: SamplingParams,
     /// Scheduling priority (used by the priority policy).
     pub priority: i32,
+    /// Text the output is expected to repeat (OpenAI's predicted output),
+    /// verified as speculative drafts; needs speculative decoding on.
+    pub prediction: Option<String>,
 }
 
 /// A finished completion.
@@ -60,6 +64,9 @@ pub struct Completion {
     /// Why it ended.
     #[serde(flatten)]
     pub finish: Finish,
+    /// How the request's prediction fared, when it had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prediction_tokens: Option<PredictionTokens>,
     /// Its latencies.
     pub metrics: RequestMetrics,
 }
@@ -199,6 +206,16 @@ impl Llm {
                     continue;
                 }
             };
+            let prediction = match &req.prediction {
+                Some(text) => match self.tokenizer.encode(text, false) {
+                    Ok(ids) => ids,
+                    Err(e) => {
+                        results[index] = refused(e.into());
+                        continue;
+                    }
+                },
+                None => Vec::new(),
+            };
             self.next_id += 1;
             let request_id = format!("req-{}", self.next_id);
             let core_req = EngineCoreRequest {
@@ -207,6 +224,7 @@ impl Llm {
                 sampling_params: req.params.clone(),
                 priority: req.priority,
                 output_token_ids: Vec::new(),
+                prediction,
             };
             if let Err(e) = self.core.add_request(core_req) {
                 results[index] = refused(e.into());
@@ -225,6 +243,7 @@ impl Llm {
                     error: None,
                 },
                 metrics: RequestMetrics::default(),
+                prediction_tokens: None,
             };
             let state = RequestState::new(&self.tokenizer, &req.params);
             live.insert(
@@ -256,6 +275,7 @@ impl Llm {
                 on_text(req.index, &delta.text);
                 let c = &mut req.completion;
                 c.num_cached_tokens = out.num_cached_tokens;
+                c.prediction_tokens = delta.prediction_tokens;
                 c.text.push_str(&delta.text);
                 c.token_ids.extend_from_slice(&delta.token_ids);
                 c.logprobs.extend(delta.logprobs);

@@ -24,7 +24,7 @@ pub use self::core::{
 // without reaching into the scheduler or the KV cache.
 pub use crate::{
     kv_cache::PrefixCacheStats,
-    scheduler::{CacheConfigInfo, SchedulerStats, SpecDecodingStats},
+    scheduler::{CacheConfigInfo, PredictionTokens, SchedulerStats, SpecDecodingStats},
 };
 pub use client::{EngineCoreClient, EngineCoreError, OutputStream};
 pub use executor::{

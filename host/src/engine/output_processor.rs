@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::core::EngineCoreOutput;
 use crate::sampling::{SamplingParams, StopChecker};
-use crate::scheduler::FinishReason;
+use crate::scheduler::{FinishReason, PredictionTokens};
 use crate::step::{Logprobs, PromptLogprob};
 use crate::tokenizer::{IncrementalDetokenizer, Tokenizer, TokenizerError};
 
@@ -41,6 +41,8 @@ pub struct Delta {
     /// On the request's first delta, when it asked for prompt logprobs:
     /// those of prompt tokens 1.. (token 0 has none), in order.
     pub prompt_logprobs: Option<Vec<PromptLogprob>>,
+    /// How the request's predicted output fared so far (`None` without one).
+    pub prediction_tokens: Option<PredictionTokens>,
 }
 
 /// Latency figures of one request, in seconds, for the metrics.
@@ -87,7 +89,10 @@ impl RequestState {
     /// is an error (the model and tokenizer disagree).
     pub fn process(&mut self, out: &EngineCoreOutput) -> Result<Delta, TokenizerError> {
         self.record_times(out);
-        let mut delta = Delta::default();
+        let mut delta = Delta {
+            prediction_tokens: out.prediction_tokens,
+            ..Delta::default()
+        };
         if let Some(chunk) = &out.new_prompt_logprobs {
             let got = self.prompt_logprobs.get_or_insert_with(Vec::new);
             // Entries arrive in order, each once; one already held (which

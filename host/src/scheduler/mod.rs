@@ -18,6 +18,7 @@ mod ngram;
 pub mod output;
 pub mod policy;
 mod policy_plugin;
+mod prediction;
 pub mod request;
 mod restart;
 mod schedule;
@@ -41,7 +42,7 @@ pub use policy::{
     builtin_policy, Fcfs, Priority, RunningView, SchedulingPolicy, WaitingView, BUILTIN_POLICIES,
 };
 pub use policy_plugin::{policy_from_config, policy_from_host};
-pub use request::{FinishReason, Request, RequestStatus};
+pub use request::{FinishReason, PredictionTokens, Request, RequestStatus};
 pub use spec_stats::SpecDecodingStats;
 
 use crate::kv_cache::{KVCacheManager, PrefixCacheStats};
@@ -306,6 +307,9 @@ impl Scheduler {
                 block_size: self.config.block_size,
                 num_blocks: self.config.num_blocks,
             });
+        }
+        if req.prediction.is_some() && self.proposer.is_none() {
+            return Err(SchedulerError::PredictionWithoutDrafts(id()));
         }
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! What `update_from_output` tells the engine: each request's new tokens and
 //! finish. What a step tells the worker is [`crate::step::SchedulerOutput`].
 
-use super::request::FinishReason;
+use super::request::{FinishReason, PredictionTokens};
 use crate::step::{NewTokens, ReqHandle};
 
 /// What one request produced in one step. It names the request by handle
@@ -18,4 +18,6 @@ pub struct RequestOutput {
     pub finish_reason: Option<FinishReason>,
     /// Prompt tokens served from the prefix cache at first admission.
     pub num_cached_tokens: u32,
+    /// How the request's predicted output fared so far (`None` without one).
+    pub prediction_tokens: Option<PredictionTokens>,
 }

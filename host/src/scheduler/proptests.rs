@@ -51,6 +51,9 @@ struct Spec {
     priority: i32,
     arrive_step: usize,
     abort_after: Option<usize>,
+    /// A predicted output (with drafts on): this many of the request's
+    /// true tokens, every k-th one wrong.
+    prediction: Option<(usize, usize)>,
 }
 
 fn cfg_strategy() -> impl Strategy<Value = Cfg> {
@@ -106,13 +109,14 @@ fn spec_strategy() -> impl Strategy<Value = Spec> {
             -2i32..3,
             0usize..30,
             proptest::option::weighted(0.15, 0usize..20),
+            proptest::option::weighted(0.3, (0usize..40, 2usize..8)),
         ),
     )
         .prop_map(
             |(
                 (prefix, prefix_len, suffix_len),
                 (max_tokens, min, stop, ignore_eos),
-                (priority, arrive_step, abort_after),
+                (priority, arrive_step, abort_after, prediction),
             )| {
                 Spec {
                     prefix,
@@ -125,6 +129,7 @@ fn spec_strategy() -> impl Strategy<Value = Spec> {
                     priority,
                     arrive_step,
                     abort_after,
+                    prediction,
                 }
             },
         )
@@ -210,6 +215,7 @@ fn run(cfg: Cfg, specs: Vec<Spec>, seed: u64, depth: usize) -> Result<(), TestCa
     let mut tokens_of: Vec<Vec<u32>> = vec![Vec::new(); specs.len()];
     let mut finish_of: Vec<Option<FinishReason>> = vec![None; specs.len()];
     let mut accepted = vec![false; specs.len()];
+    let mut predicted: Vec<Option<PredictionTokens>> = vec![None; specs.len()];
     let mut mirror: HashMap<ReqHandle, Mirror> = HashMap::new();
     let mut in_flight = std::collections::VecDeque::new();
 
@@ -232,13 +238,21 @@ fn run(cfg: Cfg, specs: Vec<Spec>, seed: u64, depth: usize) -> Result<(), TestCa
             let total = prompt.len() as u32 + spec.max_tokens;
             let fits_len = total <= max_model_len;
             let fits_kv = (total - 1).div_ceil(cfg.block_size) <= cfg.num_blocks;
-            let req = Request::new(
+            let mut req = Request::new(
                 format!("r{i}"),
                 prompt,
                 params,
                 step as f64 + i as f64 * 1e-3,
                 spec.priority,
             );
+            if let Some((len, k)) = spec.prediction.filter(|_| cfg.spec.0 > 0) {
+                let wrong = |pos: usize, t: u32| match pos % k == k - 1 {
+                    true => (t + 1) % VOCAB as u32,
+                    false => t,
+                };
+                req =
+                    req.with_prediction((0..len).map(|pos| wrong(pos, token_at(i, pos))).collect());
+            }
             match s.add_request(req) {
                 Ok(h) => {
                     prop_assert!(fits_len && fits_kv, "accepted an impossible request {i}");
@@ -291,6 +305,7 @@ fn run(cfg: Cfg, specs: Vec<Spec>, seed: u64, depth: usize) -> Result<(), TestCa
                 for o in &outputs {
                     let i = handle_spec[&o.handle];
                     tokens_of[i].extend_from_slice(&o.new_token_ids);
+                    predicted[i] = o.prediction_tokens;
                     if let Some(reason) = o.finish_reason {
                         finish_of[i] = Some(reason);
                     } else {
@@ -340,6 +355,23 @@ fn run(cfg: Cfg, specs: Vec<Spec>, seed: u64, depth: usize) -> Result<(), TestCa
     prop_assert!(per_pos.windows(2).all(|w| w[0] >= w[1]));
     prop_assert!(per_pos.first().is_none_or(|&n| n <= spec.num_drafts));
     prop_assert_eq!(per_pos.iter().sum::<u64>(), spec.num_accepted_tokens);
+    // Predicted drafts are drafts: their tallies fit in the totals, and
+    // only requests that sent a prediction have one.
+    let (mut kept, mut verified) = (0, 0);
+    for (i, tally) in predicted.iter().enumerate() {
+        let sent = cfg.spec.0 > 0 && specs[i].prediction.is_some_and(|(len, _)| len > 0);
+        prop_assert!(
+            tally.is_none() || sent,
+            "request {} has a tally without a prediction",
+            i
+        );
+        if let Some(t) = tally {
+            kept += u64::from(t.accepted);
+            verified += u64::from(t.accepted + t.rejected);
+        }
+    }
+    prop_assert!(kept <= spec.num_accepted_tokens);
+    prop_assert!(verified <= spec.num_draft_tokens);
     let stats = s.make_stats().prefix_cache;
     prop_assert!(stats.hits <= stats.queries);
     if !cfg.caching {

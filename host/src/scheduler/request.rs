@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use super::prediction::Prediction;
 use crate::kv_cache::RequestBlocks;
 use crate::sampling::SamplingParams;
 
@@ -30,6 +31,27 @@ impl FinishReason {
             FinishReason::Length => "length",
             FinishReason::Abort => "abort",
             FinishReason::Error => "error",
+        }
+    }
+}
+
+/// How a request's prediction of its output fared so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PredictionTokens {
+    /// Predicted tokens the model kept.
+    pub accepted: u32,
+    /// Predicted tokens verified as drafts and not kept (they cost compute
+    /// like any token).
+    pub rejected: u32,
+}
+
+impl std::ops::Add for PredictionTokens {
+    type Output = PredictionTokens;
+
+    fn add(self, other: PredictionTokens) -> PredictionTokens {
+        PredictionTokens {
+            accepted: self.accepted.saturating_add(other.accepted),
+            rejected: self.rejected.saturating_add(other.rejected),
         }
     }
 }
@@ -71,6 +93,8 @@ pub struct Request {
     pub(super) num_draft_tokens: usize,
     /// Prefix-cache hit at first admission; `None` before it.
     pub(super) num_cached_tokens: Option<usize>,
+    /// The client's guess at the output, drafted from (speculative decoding).
+    pub(super) prediction: Option<Box<Prediction>>,
     pub(super) num_preemptions: u32,
     pub(super) kv: RequestBlocks,
     /// Whether the worker has seen this request (it was scheduled at least
@@ -102,6 +126,7 @@ impl Request {
             num_output_placeholders: 0,
             num_draft_tokens: 0,
             num_cached_tokens: None,
+            prediction: None,
             num_preemptions: 0,
             kv: RequestBlocks::new(None),
             seen_by_worker: false,
@@ -114,6 +139,27 @@ impl Request {
     pub fn with_output(mut self, output_token_ids: &[u32]) -> Self {
         self.all_token_ids.extend_from_slice(output_token_ids);
         self
+    }
+
+    /// The request with the client's guess at its output (OpenAI's
+    /// predicted outputs): while the output follows it, its next tokens are
+    /// verified as draft tokens. Only tokens within `max_tokens` are kept
+    /// (no output reaches past them); an empty prediction is none. Needs
+    /// speculative decoding on.
+    pub fn with_prediction(mut self, mut tokens: Vec<u32>) -> Self {
+        tokens.truncate(self.sampling_params.max_tokens as usize);
+        self.prediction = (!tokens.is_empty()).then(|| Box::new(Prediction::new(tokens)));
+        self
+    }
+
+    /// Predicted tokens the model kept and those it verified and did not
+    /// keep (OpenAI's `accepted_prediction_tokens` and
+    /// `rejected_prediction_tokens`); `None` without a prediction.
+    pub fn prediction_tokens(&self) -> Option<PredictionTokens> {
+        self.prediction.as_ref().map(|p| PredictionTokens {
+            accepted: p.accepted(),
+            rejected: p.rejected(),
+        })
     }
 
     /// The caller's request id.

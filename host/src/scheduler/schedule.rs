@@ -36,8 +36,9 @@ impl Scheduler {
     ///    waiting queue) and the allocation retried; if the victim is the
     ///    request itself, the running pass stops.
     ///    With speculative decoding on, a running decode whose last token is
-    ///    known also gets the n-gram proposer's draft tokens within the
-    ///    budget (dropped first when its blocks cannot be allocated).
+    ///    known also gets draft tokens within the budget (dropped first when
+    ///    its blocks cannot be allocated): its predicted output's while the
+    ///    output follows it, else the n-gram proposer's.
     /// 2. Only if nothing was preempted: waiting requests in the policy's
     ///    order, while budget, `max_num_seqs` and blocks allow, with
     ///    prefix-cache hits counted as computed. Without chunked prefill a
@@ -158,7 +159,8 @@ impl Scheduler {
     }
 
     /// Speculative decoding: the draft tokens of running request `h` for
-    /// this step, appended to `scratch.drafts`, when it is a decode whose
+    /// this step (from its prediction, else by n-gram lookup), appended to
+    /// `scratch.drafts`, when it is a decode whose
     /// last token is known (`missing` is 1 and no step in flight samples
     /// it). At most `room` of them (the budget left), and few enough that
     /// the step's tokens, every draft kept plus one, stay within the
@@ -169,7 +171,7 @@ impl Scheduler {
             return start..start;
         };
         let req = self.slots[h.index()]
-            .as_ref()
+            .as_mut()
             .expect("running handles hold a request");
         if missing != 1 || req.num_output_placeholders > 0 {
             return start..start;
@@ -177,9 +179,20 @@ impl Scheduler {
         let max_tokens = req.sampling_params.max_tokens as usize;
         let max_model_len = self.config.max_model_len as usize;
         let limit = room
+            .min(proposer.num_speculative_tokens)
             .min(max_tokens.saturating_sub(req.num_output_tokens() + 1))
             .min(max_model_len.saturating_sub(req.num_tokens() + 1));
-        let n = proposer.propose(&req.all_token_ids, limit, &mut self.scratch.drafts);
+        let drafts = &mut self.scratch.drafts;
+        // The client's prediction first; where the output has departed
+        // from it, the output's own repeats.
+        let predicted = match &mut req.prediction {
+            Some(p) => p.propose(&req.all_token_ids[req.num_prompt_tokens..], limit, drafts),
+            None => 0,
+        };
+        let n = match predicted {
+            0 => proposer.propose(&req.all_token_ids, limit, drafts),
+            n => n,
+        };
         start..start + n
     }
 

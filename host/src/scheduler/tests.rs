@@ -749,3 +749,65 @@ fn drafts_never_carry_a_request_past_max_tokens() {
         assert_eq!(scheduled(&out), [(h.0, want.len() as u32 + 1)]);
     }
 }
+
+#[test]
+fn a_predicted_output_is_drafted_before_the_ngram_lookup_and_tallied() {
+    let mut c = config(16, 4);
+    (
+        c.num_speculative_tokens,
+        c.prompt_lookup_min,
+        c.prompt_lookup_max,
+    ) = (3, 1, 2);
+    let mut s = Scheduler::new(c).unwrap();
+    // The prompt recurs ("101 102"), but the prediction wins while the
+    // output follows it.
+    let prompt = vec![101, 102, 103, 101, 102];
+    let req = Request::new("r", prompt, params(10), 0.0, 0).with_prediction(vec![7, 8, 9, 10]);
+    let h = s.add_request(req).unwrap();
+    let (out, _) = step(&mut s, 7);
+    assert!(
+        out.scheduled_spec_decode_tokens.is_empty(),
+        "no drafts in a prefill"
+    );
+    let out = s.schedule();
+    assert_eq!(out.scheduled_spec_decode_tokens.drafts(0), [8, 9, 10]);
+    // The model kept 8, then said 5: one kept, two not.
+    s.update_from_output(&out, &[(h, vec![8, 5])]);
+    assert_eq!(
+        s.request(h).unwrap().prediction_tokens(),
+        Some(PredictionTokens {
+            accepted: 1,
+            rejected: 2
+        })
+    );
+    // "8 5" is nowhere in the prediction; the n-gram lookup drafts instead
+    // (5 never appeared: nothing) and the tally stays.
+    let out = s.schedule();
+    assert_eq!(out.total_num_scheduled_tokens, 1);
+    s.update_from_output(&out, &[(h, vec![102])]);
+    // "5 102" is not predicted either; the lookup finds 102 latest before
+    // the output.
+    let out = s.schedule();
+    assert_eq!(out.scheduled_spec_decode_tokens.drafts(0), [7, 8, 5]);
+    s.update_from_output(&out, &[(h, vec![7, 9])]);
+    assert_eq!(
+        s.request(h).unwrap().prediction_tokens(),
+        Some(PredictionTokens {
+            accepted: 1,
+            rejected: 2
+        }),
+        "the lookup's drafts are not the prediction's"
+    );
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn a_prediction_without_speculative_decoding_is_refused_saying_how_to_turn_it_on() {
+    let mut s = Scheduler::new(config(16, 4)).unwrap();
+    let req = Request::new("r", vec![1, 2], params(10), 0.0, 0).with_prediction(vec![3]);
+    let e = s.add_request(req).unwrap_err().to_string();
+    assert!(e.contains("--speculative-config"), "{e}");
+    // An empty prediction is none.
+    let req = Request::new("r", vec![1, 2], params(10), 0.0, 0).with_prediction(Vec::new());
+    s.add_request(req).unwrap();
+}

@@ -98,6 +98,9 @@ impl Scheduler {
                     req.num_computed_tokens -= drafts - kept;
                 }
                 self.spec_stats.observe_accepted(kept);
+                if let Some(p) = &mut req.prediction {
+                    p.settle(drafts, kept);
+                }
             }
             let mut new_token_ids = NewTokens::default();
             let mut finish_reason = None;
@@ -114,6 +117,7 @@ impl Scheduler {
                 new_token_ids,
                 finish_reason,
                 num_cached_tokens: req.num_cached_tokens() as u32,
+                prediction_tokens: req.prediction_tokens(),
             });
             if let Some(reason) = finish_reason {
                 waiting_finished |= req.status != RequestStatus::Running;
@@ -150,6 +154,7 @@ impl Scheduler {
                 new_token_ids: NewTokens::default(),
                 finish_reason: Some(FinishReason::Error),
                 num_cached_tokens: req.num_cached_tokens() as u32,
+                prediction_tokens: req.prediction_tokens(),
             });
             self.finish(h, FinishReason::Error);
             any_finished = true;

@@ -15,6 +15,7 @@ use super::fields::{self, Endpoint};
 use super::generate::{self, Choice};
 use super::limits;
 use super::params;
+use super::prediction;
 use super::protocol::{ChatCompletionRequest, SamplingRequest, Usage};
 use super::sse::{self, ChunkFormat};
 use super::structured;
@@ -67,6 +68,7 @@ pub async fn create(
         .tokenizer
         .encode(&text, req.add_special_tokens)
         .map_err(|e| ApiError::field("messages", e))?;
+    let prediction = prediction::tokens(req.prediction.as_ref(), &app.tokenizer, &app.config)?;
     let sampling: SamplingRequest = params::typed(&body)?;
     if req.stream && sampling.prompt_logprobs.is_some() {
         return Err(ApiError::field(
@@ -87,7 +89,8 @@ pub async fn create(
     limits::check_context("messages", prompt.len(), max_tokens, max_model_len)?;
     app.constrain(&mut params, constraint, &sampling).await?;
     let id = app.next_request_id("chatcmpl");
-    let seqs = generate::start(&app, &id, vec![prompt], &params, sampling.priority.unwrap_or(0))
+    let priority = sampling.priority.unwrap_or(0);
+    let seqs = generate::start(&app, &id, vec![prompt], &params, priority, &prediction)
         .await
         .map_err(|mut e| {
             // The engine may refuse the rest of the context (a KV cache smaller

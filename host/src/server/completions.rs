@@ -102,8 +102,15 @@ pub async fn create(
         token_ids: prompts.clone(),
         n: params.n.max(1) as usize,
     });
-    let mut seqs =
-        generate::start(&app, &id, prompts, &params, sampling.priority.unwrap_or(0)).await?;
+    let mut seqs = generate::start(
+        &app,
+        &id,
+        prompts,
+        &params,
+        sampling.priority.unwrap_or(0),
+        &[],
+    )
+    .await?;
     if prompt_only {
         seqs.iter_mut()
             .for_each(generate::Sequence::set_prompt_only);
@@ -296,6 +303,7 @@ impl ChunkFormat for Format {
             logprobs: delta.logprobs.clone(),
             prompt_logprobs: delta.prompt_logprobs.clone(),
             finish: delta.finish.clone(),
+            prediction_tokens: delta.prediction_tokens,
         };
         // The prompt is echoed in each choice's first chunk.
         let first = self.echo.is_some() && {

@@ -109,7 +109,6 @@ const UNSUPPORTED: &[(&str, Neutral, &str)] = &[
     ("mm_processor_kwargs", unset, "multimodal processor arguments are not supported; this model takes text only"),
     ("audio", unset, "audio output is not supported; this model answers in text"),
     ("modalities", text_modalities, "modalities other than `text` are not supported"),
-    ("prediction", unset, "predicted outputs are not supported"),
     ("web_search_options", unset, "web search is not supported"),
     ("reasoning_effort", unset, "is not supported: this model does not reason"),
     ("verbosity", unset, "is not supported; ask for the length you want in the prompt"),
@@ -132,6 +131,11 @@ const UNSUPPORTED_IN_CHAT: &[Unsupported] = &[(
 const UNSUPPORTED_IN_COMPLETIONS: &[Unsupported] = &[
     ("tools", unset, TOOLS_ELSEWHERE),
     ("tool_choice", no_forced_call, TOOLS_ELSEWHERE),
+    (
+        "prediction",
+        unset,
+        "predicted outputs are not supported on completions; /v1/chat/completions takes them",
+    ),
 ];
 
 /// Fields OpenAI or vLLM define that cannot change the answer here, so any
@@ -418,7 +422,6 @@ mod tests {
             ("mm_processor_kwargs", json!({"k": 1}), json!(null)),
             ("audio", json!({"voice": "alloy"}), json!(null)),
             ("modalities", json!(["text", "audio"]), json!(["text"])),
-            ("prediction", json!({"type": "content"}), json!(null)),
             ("web_search_options", json!({"k": 1}), json!(null)),
             ("reasoning_effort", json!("high"), json!(null)),
             ("verbosity", json!("low"), json!(null)),
@@ -457,6 +460,21 @@ mod tests {
         assert!(check_fields(&body, Endpoint::Completions).is_ok());
         let body = json!({"messages": [{"role": "tool", "content": "1", "name": "f", "tool_call_id": "c"}]});
         assert!(check_fields(&body, Endpoint::Chat).is_ok());
+    }
+
+    #[test]
+    fn predictions_are_chats_alone() {
+        let body = json!({"prediction": {"type": "content", "content": "x = 1"}});
+        let e = check_fields(&body, Endpoint::Completions).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("prediction"));
+        assert!(e.message.contains("/v1/chat/completions"), "{e:?}");
+        assert!(check_fields(&body, Endpoint::Chat).is_ok());
+        assert_eq!(
+            ignored_fields(&body, Endpoint::Chat).1,
+            0,
+            "honoured, not ignored"
+        );
+        assert!(check_fields(&json!({"prediction": null}), Endpoint::Completions).is_ok());
     }
 
     #[test]

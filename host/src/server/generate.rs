@@ -12,7 +12,8 @@
 //! when it asked to be streamed (the stream's headers are not sent yet).
 
 use crate::engine::{
-    Delta, EngineCoreError, EngineCoreOutput, EngineCoreRequest, Finish, OutputStream, RequestState,
+    Delta, EngineCoreError, EngineCoreOutput, EngineCoreRequest, Finish, OutputStream,
+    PredictionTokens, RequestState,
 };
 use crate::sampling::SamplingParams;
 use crate::step::{Logprobs, PromptLogprob};
@@ -47,7 +48,9 @@ pub struct Sequence {
 }
 
 /// Queues one engine request per prompt and choice and waits until the
-/// engine produced the first output of each (or refused one). On error the
+/// engine produced the first output of each (or refused one). Every
+/// choice drafts from `prediction` (the client's predicted output; empty
+/// for none). On error the
 /// requests already queued are dropped, which aborts them. Refused with 429
 /// when the requests would not fit `server.max_waiting_requests`.
 pub async fn start(
@@ -56,6 +59,7 @@ pub async fn start(
     prompts: Vec<Vec<u32>>,
     params: &SamplingParams,
     priority: i32,
+    prediction: &[u32],
 ) -> Result<Vec<Sequence>, ApiError> {
     app.check_serving()?;
     let n = params.n as usize;
@@ -76,6 +80,7 @@ pub async fn start(
                 sampling_params,
                 priority,
                 output_token_ids: Vec::new(),
+                prediction: prediction.to_vec(),
             })?;
             seqs.push(Sequence {
                 index,
@@ -217,6 +222,8 @@ pub struct Choice {
     pub prompt_logprobs: Option<Vec<PromptLogprob>>,
     /// Why it ended.
     pub finish: Option<Finish>,
+    /// How its predicted output fared (`None` without one).
+    pub prediction_tokens: Option<PredictionTokens>,
 }
 
 impl Choice {
@@ -230,6 +237,9 @@ impl Choice {
         }
         if delta.finish.is_some() {
             self.finish = delta.finish;
+        }
+        if delta.prediction_tokens.is_some() {
+            self.prediction_tokens = delta.prediction_tokens;
         }
     }
 }
@@ -256,7 +266,9 @@ pub async fn collect(
         choices.push(choice);
     }
     let completion_tokens = choices.iter().map(|c| c.token_ids.len()).sum();
-    Ok((choices, Usage::new(prompt_tokens, completion_tokens)))
+    let usage = Usage::new(prompt_tokens, completion_tokens)
+        .with_predictions(choices.iter().map(|c| c.prediction_tokens));
+    Ok((choices, usage))
 }
 
 /// The text of one token as the logprobs fields show it.

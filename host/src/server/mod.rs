@@ -34,6 +34,7 @@ mod loading;
 mod metrics;
 mod params;
 mod plugins;
+mod prediction;
 pub mod protocol;
 mod responses;
 mod routes;

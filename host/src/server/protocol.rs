@@ -12,6 +12,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::engine::PredictionTokens;
+
 /// `stream_options` of a streaming request.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default)]
@@ -144,6 +146,10 @@ pub struct ChatCompletionRequest {
     /// `grammar`, `json_object`); read by `structured::from_fields`.
     #[serde(default)]
     pub structured_outputs: Option<Value>,
+    /// OpenAI's predicted output (`{"type": "content", "content": ...}`);
+    /// read by `server::prediction`, which checks its shape.
+    #[serde(default)]
+    pub prediction: Option<Value>,
 }
 
 fn yes() -> bool {
@@ -265,6 +271,20 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Their sum.
     pub total_tokens: usize,
+    /// How a predicted output fared; only when the request sent one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_tokens_details: Option<CompletionTokensDetails>,
+}
+
+/// OpenAI's breakdown of the completion tokens (the predicted-output part).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct CompletionTokensDetails {
+    /// Predicted tokens the answer kept, over every choice.
+    pub accepted_prediction_tokens: u64,
+    /// Predicted tokens the model verified and did not keep, over every
+    /// choice. They cost compute like generated tokens, and are not part
+    /// of `completion_tokens`, which counts the answer's tokens only.
+    pub rejected_prediction_tokens: u64,
 }
 
 impl Usage {
@@ -274,7 +294,25 @@ impl Usage {
             prompt_tokens,
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
+            completion_tokens_details: None,
         }
+    }
+
+    /// The counts with the choices' prediction tallies summed into
+    /// `completion_tokens_details`, which is left out when no choice had a
+    /// prediction.
+    pub fn with_predictions(
+        mut self,
+        choices: impl IntoIterator<Item = Option<PredictionTokens>>,
+    ) -> Usage {
+        for p in choices.into_iter().flatten() {
+            let d = self
+                .completion_tokens_details
+                .get_or_insert_with(Default::default);
+            d.accepted_prediction_tokens += u64::from(p.accepted);
+            d.rejected_prediction_tokens += u64::from(p.rejected);
+        }
+        self
     }
 }
 

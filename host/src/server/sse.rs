@@ -61,6 +61,7 @@ async fn produce(
 ) {
     let data = |v: &Value| Event::default().data(v.to_string());
     let prompt_tokens = prompt_tokens(&seqs);
+    let num_choices = seqs.len();
     for seq in &seqs {
         if let Some(chunk) = format.opening(seq.index) {
             if tx.send(data(&chunk)).await.is_err() {
@@ -80,6 +81,8 @@ async fn produce(
     });
     let mut merged = stream::select_all(per_seq);
     let mut completion_tokens = 0;
+    // Each choice's latest prediction tally, by index.
+    let mut predictions = vec![None; num_choices];
     loop {
         let item = tokio::select! {
             // The client is gone: dropping `merged` aborts what still runs.
@@ -90,6 +93,9 @@ async fn produce(
             None => break,
             Some((index, Ok(delta))) => {
                 completion_tokens += delta.token_ids.len();
+                if delta.prediction_tokens.is_some() {
+                    predictions[index] = delta.prediction_tokens;
+                }
                 match format.delta(index, &delta) {
                     Some(chunk) => data(&chunk),
                     None => continue,
@@ -110,9 +116,9 @@ async fn produce(
     drop(merged);
     if include_usage
         && tx
-            .send(data(
-                &format.usage(Usage::new(prompt_tokens, completion_tokens)),
-            ))
+            .send(data(&format.usage(
+                Usage::new(prompt_tokens, completion_tokens).with_predictions(predictions),
+            )))
             .await
             .is_err()
     {

@@ -3,6 +3,7 @@
 //! with every output dispatched to it.
 
 use crate::engine::core::{EngineCoreOutput, EngineCoreRequest};
+use crate::scheduler::PredictionTokens;
 
 /// A live request as a replacement process must receive it: the request as
 /// sent, with every token dispatched to its stream since folded into
@@ -18,6 +19,11 @@ pub(crate) struct Replay {
     /// while the process was being replaced is first sent by the replay,
     /// which then does not count as replaying it.
     sent: bool,
+    /// The prediction counts of the processes that ran the request before
+    /// the current one (each process counts from zero).
+    prediction_before: PredictionTokens,
+    /// The current process's latest prediction counts.
+    prediction_now: PredictionTokens,
 }
 
 impl Replay {
@@ -28,6 +34,8 @@ impl Replay {
             request,
             prompt_logprobs_next: 1,
             sent,
+            prediction_before: PredictionTokens::default(),
+            prediction_now: PredictionTokens::default(),
         }
     }
 
@@ -37,6 +45,10 @@ impl Replay {
         self.request
             .output_token_ids
             .extend_from_slice(&out.new_token_ids);
+        if let Some(now) = out.prediction_tokens.as_mut() {
+            self.prediction_now = *now;
+            *now = self.prediction_before + self.prediction_now;
+        }
         let Some(chunk) = out.new_prompt_logprobs.as_mut() else {
             return true;
         };
@@ -61,8 +73,10 @@ impl Replay {
         std::mem::replace(&mut self.sent, true)
     }
 
-    /// The request to send a new engine-core process.
-    pub(crate) fn resubmission(&self) -> EngineCoreRequest {
+    /// The request to send a new engine-core process, which counts its
+    /// prediction's tokens from zero again.
+    pub(crate) fn resubmission(&mut self) -> EngineCoreRequest {
+        self.prediction_before = self.prediction_before + std::mem::take(&mut self.prediction_now);
         let mut req = self.request.clone();
         if self.prompt_logprobs_next as usize >= req.prompt_token_ids.len() {
             // All delivered: recomputing them would only be cut again.
@@ -92,6 +106,7 @@ mod tests {
             },
             priority: 0,
             output_token_ids: Vec::new(),
+            prediction: Vec::new(),
         }
     }
 
@@ -115,7 +130,33 @@ mod tests {
             new_logprobs: Vec::new(),
             error: None,
             new_prompt_logprobs: chunk,
+            prediction_tokens: None,
         }
+    }
+
+    #[test]
+    fn prediction_counts_add_up_over_the_processes_that_ran_the_request() {
+        let tally = |accepted, rejected| Some(PredictionTokens { accepted, rejected });
+        let predicted = EngineCoreRequest {
+            prediction: vec![7, 8, 9],
+            ..request(None)
+        };
+        let mut replay = Replay::new(predicted, true);
+        let mut out = output(&[7], None);
+        out.prediction_tokens = tally(2, 1);
+        assert!(replay.record(&mut out));
+        assert_eq!(out.prediction_tokens, tally(2, 1));
+        let again = replay.resubmission();
+        assert_eq!(again.prediction, [7, 8, 9]);
+        // The new process counts from zero; the stream sees the sum.
+        let mut out = output(&[8], None);
+        out.prediction_tokens = tally(3, 0);
+        assert!(replay.record(&mut out));
+        assert_eq!(out.prediction_tokens, tally(5, 1));
+        // A request without a prediction has no tally.
+        let mut out = output(&[9], None);
+        assert!(replay.record(&mut out));
+        assert_eq!(out.prediction_tokens, None);
     }
 
     #[test]

@@ -177,7 +177,7 @@ pub async fn create(
     };
     let tools = tools.filter(ToolRequest::may_call);
     let priority = sampling.priority.unwrap_or(0);
-    let mut seqs = generate::start(&app, &id, vec![prompt], &params, priority).await?;
+    let mut seqs = generate::start(&app, &id, vec![prompt], &params, priority, &[]).await?;
     let Some(seq) = seqs.pop() else {
         return Err(ApiError::internal("the engine request was not started"));
     };
