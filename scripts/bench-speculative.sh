@@ -6,7 +6,9 @@
 # LOOKUP_MAX, default 5 and 5 as in vLLM, bound the n-gram lengths),
 # alternating REPS times so drift on a shared machine cancels. The requests:
 # a code edit that copies most of a function, a sentence to copy, a plain
-# completion (which this small model ends up repeating) and a short poem.
+# completion (which this small model ends up repeating) and a short poem;
+# with drafts, the code edit once more with the code as its predicted output
+# (OpenAI's `prediction`), set beside the code edit without drafts.
 # Prints each request's decode tok/s ((tokens - 1) / (e2e - TTFT)) per run,
 # the medians and their ratio, and fails if the tokens differ.
 #
@@ -29,7 +31,7 @@ fi
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 
-python3 - "$dir/requests.jsonl" <<'PY'
+python3 - "$dir/requests.jsonl" "$dir/predicted.jsonl" <<'PY'
 import json, sys
 code = (
     "def parse_config(path):\n    config = {}\n    with open(path) as f:\n"
@@ -47,16 +49,19 @@ requests = [
     {"prompt": "The invention of the printing press"},
     chat("Write a short poem about the sea."),
 ]
-with open(sys.argv[1], "w") as f:
-    for r in requests:
-        f.write(json.dumps({**r, "max_tokens": 128, "temperature": 0}) + "\n")
+lines = [json.dumps({**r, "max_tokens": 128, "temperature": 0}) for r in requests]
+open(sys.argv[1], "w").write("\n".join(lines) + "\n")
+predicted = json.dumps({**json.loads(lines[0]), "prediction": code})
+open(sys.argv[2], "w").write("\n".join(lines + [predicted]) + "\n")
 PY
 
 for rep in $(seq "$reps"); do
     for drafts in 0 "$k"; do
+        input="$dir/predicted.jsonl"
+        [[ "$drafts" == 0 ]] && input="$dir/requests.jsonl"
         "$host" --model "$model" --max-num-seqs 1 \
             --speculative-config "{\"num_speculative_tokens\": $drafts, \"prompt_lookup_min\": $lookup_min, \"prompt_lookup_max\": $lookup_max}" \
-            generate --input "$dir/requests.jsonl" --output "$dir/out_${drafts}_$rep.jsonl" 2>/dev/null
+            generate --input "$input" --output "$dir/out_${drafts}_$rep.jsonl" 2>/dev/null
     done
 done
 
@@ -68,18 +73,27 @@ def load(drafts, rep):
 def speed(r):
     m = r["metrics"]
     return (len(r["token_ids"]) - 1) / (m["e2e_latency_s"] - m["time_to_first_token_s"])
-names = ["code edit", "copy a sentence", "completion", "poem"]
+names = ["code edit", "copy a sentence", "completion", "poem", "code edit, predicted"]
+# The predicted code edit (row 4, drafting runs only) answers as the code
+# edit without drafts (row 0).
+plain_row = [0, 1, 2, 3, 0]
 base = load(0, 1)
 for rep in range(1, reps + 1):
     for drafts in ("0", k):
         rows = load(drafts, rep)
-        if [r["token_ids"] for r in rows] != [r["token_ids"] for r in base]:
+        want = [base[plain_row[i]]["token_ids"] for i in range(len(rows))]
+        if [r["token_ids"] for r in rows] != want:
             sys.exit(f"run {rep} with {drafts} drafts produced other tokens")
         print(f"run {rep}, {drafts} drafts: " + ", ".join(f"{speed(r):.0f}" for r in rows))
 print(f"\n| request | tokens | decode tok/s, no drafts | with {k} drafts | ratio |")
 print("| --- | ---: | ---: | ---: | ---: |")
 for i, name in enumerate(names):
-    a = statistics.median(speed(load(0, rep)[i]) for rep in range(1, reps + 1))
+    j = plain_row[i]
+    a = statistics.median(speed(load(0, rep)[j]) for rep in range(1, reps + 1))
     b = statistics.median(speed(load(k, rep)[i]) for rep in range(1, reps + 1))
-    print(f"| {name} | {len(base[i]['token_ids'])} | {a:.0f} | {b:.0f} | {b / a:.2f}x |")
+    kept = ""
+    if "prediction_tokens" in load(k, 1)[i]:
+        t = load(k, 1)[i]["prediction_tokens"]
+        kept = f" ({t['accepted']} predicted tokens kept, {t['rejected']} not)"
+    print(f"| {name} | {len(base[j]['token_ids'])} | {a:.0f} | {b:.0f} | {b / a:.2f}x{kept} |")
 PY
