@@ -96,6 +96,7 @@ const FIELDS: &[&str] = &[
     "guided_regex",
     "guided_choice",
     "structured_outputs",
+    "prediction",
     "user",
     // /tokenize, /detokenize and /v1/responses.
     "tokens",
@@ -162,6 +163,9 @@ fn extreme_value() -> impl Strategy<Value = Value> {
             json!(["message.output_text.logprobs"]),
             json!([{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
                 {"type": "function_call_output", "call_id": "c", "output": "x"}]),
+            // Chat's predicted output.
+            json!({"type": "content", "content": "Hi! Hi there."}),
+            json!({"type": "content", "content": [{"type": "text", "text": "Hi"}, {"type": "text"}]}),
         ]),
     ]
 }
