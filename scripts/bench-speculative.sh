@@ -6,9 +6,10 @@
 # LOOKUP_MAX, default 5 and 5 as in vLLM, bound the n-gram lengths),
 # alternating REPS times so drift on a shared machine cancels. The requests:
 # a code edit that copies most of a function, a sentence to copy, a plain
-# completion (which this small model ends up repeating) and a short poem;
-# with drafts, the code edit once more with the code as its predicted output
-# (OpenAI's `prediction`), set beside the code edit without drafts.
+# completion (which this small model ends up repeating), a short poem and a
+# function written from its description; with drafts, the code edit and the
+# description once more with the code as their predicted output (OpenAI's
+# `prediction`), each set beside its request without drafts.
 # Prints each request's decode tok/s ((tokens - 1) / (e2e - TTFT)) per run,
 # the medians and their ratio, and fails if the tokens differ.
 #
@@ -48,11 +49,13 @@ requests = [
          "across Europe within fifty years and made books cheap."),
     {"prompt": "The invention of the printing press"},
     chat("Write a short poem about the sea."),
+    chat("Write a Python function parse_config(path) that reads a file of key=value "
+         "lines into a dict, skipping blank lines and lines that start with #."),
 ]
 lines = [json.dumps({**r, "max_tokens": 128, "temperature": 0}) for r in requests]
 open(sys.argv[1], "w").write("\n".join(lines) + "\n")
-predicted = json.dumps({**json.loads(lines[0]), "prediction": code})
-open(sys.argv[2], "w").write("\n".join(lines + [predicted]) + "\n")
+predicted = [json.dumps({**json.loads(lines[i]), "prediction": code}) for i in (0, 4)]
+open(sys.argv[2], "w").write("\n".join(lines + predicted) + "\n")
 PY
 
 for rep in $(seq "$reps"); do
@@ -73,10 +76,11 @@ def load(drafts, rep):
 def speed(r):
     m = r["metrics"]
     return (len(r["token_ids"]) - 1) / (m["e2e_latency_s"] - m["time_to_first_token_s"])
-names = ["code edit", "copy a sentence", "completion", "poem", "code edit, predicted"]
-# The predicted code edit (row 4, drafting runs only) answers as the code
-# edit without drafts (row 0).
-plain_row = [0, 1, 2, 3, 0]
+names = ["code edit", "copy a sentence", "completion", "poem", "code from a description",
+         "code edit, predicted", "code from a description, predicted"]
+# The predicted requests (rows 5 and 6, drafting runs only) answer as the
+# same requests without a prediction (rows 0 and 4).
+plain_row = [0, 1, 2, 3, 4, 0, 4]
 base = load(0, 1)
 for rep in range(1, reps + 1):
     for drafts in ("0", k):
