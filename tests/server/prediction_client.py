@@ -5,7 +5,7 @@ Usage: prediction_client.py BASE_URL API_KEY MODEL EXPECTED_JSON
 
 EXPECTED_JSON holds {"question", "code", "answer", "max_tokens"}: the answer
 is the offline engine's greedy one, computed without a prediction. Prints
-one line per check and exits non-zero on the first failure.
+one line per check and exits non-zero if any failed.
 """
 
 import json
@@ -13,18 +13,11 @@ import sys
 
 import openai
 
+from judge import Checks
+
 base_url, api_key, model, expected = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120)
-checks = 0
-
-
-def check(name, ok, detail=""):
-    global checks
-    if not ok:
-        sys.exit(f"FAIL {name}: {detail}")
-    checks += 1
-    print(f"ok {name}")
-
+check = Checks()
 
 r = client.chat.completions.create(
     model=model,
@@ -36,8 +29,9 @@ r = client.chat.completions.create(
 check("answer", r.choices[0].message.content == expected["answer"], r.choices[0].message.content)
 details = r.usage.completion_tokens_details
 check("details parsed", details is not None, r.usage)
-check("kept", details.accepted_prediction_tokens > 0, details)
-check("not kept parsed", isinstance(details.rejected_prediction_tokens, int), details)
+if details is not None:
+    check("kept", details.accepted_prediction_tokens > 0, details)
+    check("not kept parsed", isinstance(details.rejected_prediction_tokens, int), details)
 
 try:
     client.chat.completions.create(
@@ -49,4 +43,4 @@ try:
 except openai.BadRequestError as e:
     check("bad prediction", e.status_code == 400 and "prediction.content" in str(e), e)
 
-print(f"{checks} passed, 0 failed")
+check.finish()

@@ -667,15 +667,21 @@ fn a_request_preempted_with_a_step_in_flight_keeps_its_token() {
     assert_eq!(s.kv_cache_manager().num_free_blocks(), 4);
 }
 
-#[test]
-fn a_decode_verifies_ngram_drafts_and_gives_back_the_slots_of_refused_ones() {
+/// A scheduler over `config(16, 4)` drafting up to `k` tokens by looking
+/// up `min..=max` of the sequence's last tokens.
+fn drafting(k: u32, min: u32, max: u32) -> Scheduler {
     let mut c = config(16, 4);
     (
         c.num_speculative_tokens,
         c.prompt_lookup_min,
         c.prompt_lookup_max,
-    ) = (3, 1, 2);
-    let mut s = Scheduler::new(c).unwrap();
+    ) = (k, min, max);
+    Scheduler::new(c).unwrap()
+}
+
+#[test]
+fn a_decode_verifies_ngram_drafts_and_gives_back_the_slots_of_refused_ones() {
+    let mut s = drafting(3, 1, 2);
     let prompt = vec![101, 102, 103, 101, 102];
     let h = s
         .add_request(Request::new("r", prompt, params(10), 0.0, 0))
@@ -726,13 +732,7 @@ fn a_decode_verifies_ngram_drafts_and_gives_back_the_slots_of_refused_ones() {
 #[test]
 fn drafts_never_carry_a_request_past_max_tokens() {
     for (max_tokens, want) in [(2, &[][..]), (3, &[101][..]), (9, &[101, 102][..])] {
-        let mut c = config(16, 4);
-        (
-            c.num_speculative_tokens,
-            c.prompt_lookup_min,
-            c.prompt_lookup_max,
-        ) = (3, 1, 1);
-        let mut s = Scheduler::new(c).unwrap();
+        let mut s = drafting(3, 1, 1);
         let prompt = vec![101, 102, 101];
         let h = s
             .add_request(Request::new("r", prompt, params(max_tokens), 0.0, 0))
@@ -752,13 +752,7 @@ fn drafts_never_carry_a_request_past_max_tokens() {
 
 #[test]
 fn a_predicted_output_is_drafted_before_the_ngram_lookup_and_tallied() {
-    let mut c = config(16, 4);
-    (
-        c.num_speculative_tokens,
-        c.prompt_lookup_min,
-        c.prompt_lookup_max,
-    ) = (3, 1, 2);
-    let mut s = Scheduler::new(c).unwrap();
+    let mut s = drafting(3, 1, 2);
     // The prompt recurs ("101 102"), but the prediction wins while the
     // output follows it.
     let prompt = vec![101, 102, 103, 101, 102];
