@@ -28,6 +28,13 @@ pub fn default_model() -> PathBuf {
     path
 }
 
+/// The engine's default configuration on [`default_model`], as the
+/// offline engine in a test runs it.
+pub fn default_config() -> host::config::EngineConfig {
+    let model = default_model().display().to_string();
+    host::config::EngineConfig::load(None, &[format!("model.path={model:?}")]).unwrap()
+}
+
 /// The `host` binary built by the same `cargo test` invocation.
 ///
 /// `cargo test -p e2e` builds the `host` library but not its binary (only

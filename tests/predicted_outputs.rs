@@ -6,7 +6,6 @@
 //! and read by the official `openai` client.
 
 use crate::harness::Server;
-use host::config::EngineConfig;
 use host::engine::{GenerateRequest, Llm, Prompt};
 use host::sampling::SamplingParams;
 use host::tokenizer::ChatMessage;
@@ -26,12 +25,7 @@ const MAX_TOKENS: u32 = 96;
 
 /// The offline engine's greedy answer, without drafts or prediction.
 fn expected_answer() -> String {
-    let model = e2e::default_model();
-    let config = EngineConfig::load(
-        None,
-        &[format!("model.path={:?}", model.display().to_string())],
-    )
-    .unwrap();
+    let config = e2e::default_config();
     let req = GenerateRequest {
         prompt: Prompt::Chat(vec![ChatMessage::new("user", question().as_str())]),
         params: SamplingParams {

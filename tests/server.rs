@@ -9,7 +9,6 @@ use crate::harness;
 use std::time::Duration;
 
 use harness::{chunks, Server};
-use host::config::EngineConfig;
 use host::engine::{Completion, GenerateRequest, Llm, Prompt};
 use host::sampling::SamplingParams;
 use host::tokenizer::ChatMessage;
@@ -17,12 +16,7 @@ use serde_json::json;
 
 /// Runs `prompts` through the offline engine with `params`.
 fn offline(prompts: Vec<Prompt>, params: SamplingParams) -> Vec<Completion> {
-    let model = e2e::default_model();
-    let config = EngineConfig::load(
-        None,
-        &[format!("model.path={:?}", model.display().to_string())],
-    )
-    .unwrap();
+    let config = e2e::default_config();
     let mut llm = Llm::new(&config).unwrap();
     let reqs: Vec<_> = prompts
         .into_iter()

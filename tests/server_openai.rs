@@ -6,7 +6,6 @@
 use crate::harness;
 
 use harness::Server;
-use host::config::EngineConfig;
 use host::engine::{GenerateRequest, Llm, Prompt};
 use host::sampling::SamplingParams;
 use host::tokenizer::ChatMessage;
@@ -16,12 +15,7 @@ use serde_json::json;
 fn the_openai_client_works_unchanged() {
     let prompt = "The capital of France is";
     let chat_user = "Name three colours.";
-    let model = e2e::default_model();
-    let config = EngineConfig::load(
-        None,
-        &[format!("model.path={:?}", model.display().to_string())],
-    )
-    .unwrap();
+    let config = e2e::default_config();
     let params = SamplingParams {
         temperature: 0.0,
         max_tokens: 16,

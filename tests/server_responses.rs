@@ -9,7 +9,6 @@ use crate::harness;
 use std::time::Duration;
 
 use harness::Server;
-use host::config::EngineConfig;
 use host::engine::{GenerateRequest, Llm, Prompt};
 use host::sampling::SamplingParams;
 use host::tokenizer::ChatMessage;
@@ -17,12 +16,7 @@ use serde_json::json;
 
 /// The offline engine's greedy answers (16 tokens) to each conversation.
 fn offline(conversations: Vec<Vec<ChatMessage>>) -> Vec<String> {
-    let model = e2e::default_model();
-    let config = EngineConfig::load(
-        None,
-        &[format!("model.path={:?}", model.display().to_string())],
-    )
-    .unwrap();
+    let config = e2e::default_config();
     let params = SamplingParams {
         temperature: 0.0,
         max_tokens: 16,
