@@ -68,7 +68,7 @@ pub async fn create(
         .tokenizer
         .encode(&text, req.add_special_tokens)
         .map_err(|e| ApiError::field("messages", e))?;
-    let prediction = prediction::tokens(req.prediction.as_ref(), &app.tokenizer, &app.config)?;
+    let mut prediction = prediction::tokens(req.prediction.as_ref(), &app.tokenizer, &app.config)?;
     let sampling: SamplingRequest = params::typed(&body)?;
     if req.stream && sampling.prompt_logprobs.is_some() {
         return Err(ApiError::field(
@@ -87,6 +87,9 @@ pub async fn create(
     let max_model_len = app.client.max_model_len();
     let max_tokens = (sampling.max_tokens_field(), params.max_tokens);
     limits::check_context("messages", prompt.len(), max_tokens, max_model_len)?;
+    // No answer reaches past max_tokens, so neither does a draft: each of
+    // the `n` engine requests gets a copy of no more than it can use.
+    prediction.truncate(params.max_tokens as usize);
     app.constrain(&mut params, constraint, &sampling).await?;
     let id = app.next_request_id("chatcmpl");
     let priority = sampling.priority.unwrap_or(0);
