@@ -5,6 +5,8 @@
 //! and arrives sooner where it follows the prediction; `usage` says how
 //! many predicted tokens were kept and how many were not.
 
+use std::borrow::Cow;
+
 use serde_json::Value;
 
 use super::error::ApiError;
@@ -53,11 +55,14 @@ pub fn tokens(
 
 /// The content as one text: a string, or the concatenated `text` of a
 /// list of `{"type": "text", "text": ...}` parts.
-fn content_text(content: Option<&Value>, config: &ServerConfig) -> Result<String, ApiError> {
+fn content_text<'a>(
+    content: Option<&'a Value>,
+    config: &ServerConfig,
+) -> Result<Cow<'a, str>, ApiError> {
     const SHAPE: &str =
         "must be a string or a list of {\"type\": \"text\", \"text\": <string>} parts";
     match content {
-        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::String(s)) => Ok(Cow::Borrowed(s)),
         Some(Value::Array(parts)) => {
             limits::at_most(
                 "prediction.content",
@@ -78,7 +83,7 @@ fn content_text(content: Option<&Value>, config: &ServerConfig) -> Result<String
                 limits::prompt_bytes("prediction.content", (text.len() + t.len()) as u64, config)?;
                 text.push_str(t);
             }
-            Ok(text)
+            Ok(Cow::Owned(text))
         }
         _ => Err(ApiError::field("prediction.content", SHAPE)),
     }
