@@ -95,6 +95,6 @@ pub enum SchedulerError {
     },
     /// The request carries a prediction of its output, which is verified
     /// as speculative drafts, and speculative decoding is off.
-    #[error("request {0:?}: a predicted output is verified as speculative draft tokens, and speculative decoding is off; start the server with --speculative-config '{{\"num_speculative_tokens\": 4}}' (or [speculative] in the config), or drop `prediction`")]
+    #[error("request {0:?}: a predicted output is verified as speculative draft tokens, and speculative decoding is off; start the server with --speculative-config '{{\"num_speculative_tokens\": 4}}' (or [speculative] in the config; CPU workers only), or drop `prediction`")]
     PredictionWithoutDrafts(String),
 }
