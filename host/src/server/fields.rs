@@ -313,6 +313,8 @@ fn ignored_fields(body: &Value, endpoint: Endpoint) -> (Vec<String>, usize) {
             || HARMLESS.contains(&k)
             || UNSUPPORTED.iter().any(|(f, ..)| *f == k)
             || (endpoint == Endpoint::Chat && UNSUPPORTED_IN_CHAT.iter().any(|(f, ..)| *f == k))
+            || (endpoint == Endpoint::Completions
+                && UNSUPPORTED_IN_COMPLETIONS.iter().any(|(f, ..)| *f == k))
     };
     let top = body
         .as_object()
@@ -474,7 +476,11 @@ mod tests {
             0,
             "honoured, not ignored"
         );
-        assert!(check_fields(&json!({"prediction": null}), Endpoint::Completions).is_ok());
+        // Sent at its neutral value it asks for nothing, and is known, so
+        // not logged as ignored either (nor are the tool fields).
+        let neutral = json!({"prediction": null, "tools": null, "tool_choice": "none"});
+        assert!(check_fields(&neutral, Endpoint::Completions).is_ok());
+        assert_eq!(ignored_fields(&neutral, Endpoint::Completions).1, 0);
     }
 
     #[test]
