@@ -42,7 +42,8 @@ pub use policy::{
     builtin_policy, Fcfs, Priority, RunningView, SchedulingPolicy, WaitingView, BUILTIN_POLICIES,
 };
 pub use policy_plugin::{policy_from_config, policy_from_host};
-pub use request::{FinishReason, PredictionTokens, Request, RequestStatus};
+pub use prediction::PredictionTokens;
+pub use request::{FinishReason, Request, RequestStatus};
 pub use spec_stats::SpecDecodingStats;
 
 use crate::kv_cache::{KVCacheManager, PrefixCacheStats};

@@ -1,7 +1,8 @@
 //! What `update_from_output` tells the engine: each request's new tokens and
 //! finish. What a step tells the worker is [`crate::step::SchedulerOutput`].
 
-use super::request::{FinishReason, PredictionTokens};
+use super::prediction::PredictionTokens;
+use super::request::FinishReason;
 use crate::step::{NewTokens, ReqHandle};
 
 /// What one request produced in one step. It names the request by handle

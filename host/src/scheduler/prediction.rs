@@ -18,6 +18,27 @@ const MIN_ANCHOR: usize = 2;
 /// longest that is found wins.
 const MAX_ANCHOR: usize = 8;
 
+/// How a request's prediction of its output fared so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PredictionTokens {
+    /// Predicted tokens the model kept.
+    pub accepted: u32,
+    /// Predicted tokens verified as drafts and not kept (they cost compute
+    /// like any token).
+    pub rejected: u32,
+}
+
+impl std::ops::Add for PredictionTokens {
+    type Output = PredictionTokens;
+
+    fn add(self, other: PredictionTokens) -> PredictionTokens {
+        PredictionTokens {
+            accepted: self.accepted.saturating_add(other.accepted),
+            rejected: self.rejected.saturating_add(other.rejected),
+        }
+    }
+}
+
 /// A request's prediction and where its output stands in it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Prediction {
@@ -32,8 +53,7 @@ pub struct Prediction {
     floor: usize,
     /// Whether the drafts of the step in flight came from here.
     in_flight: bool,
-    accepted: u32,
-    rejected: u32,
+    tally: PredictionTokens,
 }
 
 impl Prediction {
@@ -45,8 +65,7 @@ impl Prediction {
             seen: 0,
             floor: 0,
             in_flight: false,
-            accepted: 0,
-            rejected: 0,
+            tally: PredictionTokens::default(),
         }
     }
 
@@ -71,21 +90,19 @@ impl Prediction {
     /// were this prediction's.
     pub fn settle(&mut self, drafts: usize, kept: usize) {
         if std::mem::take(&mut self.in_flight) {
-            self.accepted += kept as u32;
-            self.rejected += (drafts - kept) as u32;
+            self.tally = self.tally
+                + PredictionTokens {
+                    accepted: kept as u32,
+                    rejected: (drafts - kept) as u32,
+                };
         }
     }
 
-    /// Predicted tokens the model kept (OpenAI's
-    /// `accepted_prediction_tokens`).
-    pub fn accepted(&self) -> u32 {
-        self.accepted
-    }
-
-    /// Predicted tokens verified and not kept (OpenAI's
+    /// Predicted tokens the model kept and those verified and not kept
+    /// (OpenAI's `accepted_prediction_tokens` and
     /// `rejected_prediction_tokens`).
-    pub fn rejected(&self) -> u32 {
-        self.rejected
+    pub fn tally(&self) -> PredictionTokens {
+        self.tally
     }
 
     /// Moves the cursor over the output tokens not seen yet: along the
@@ -197,7 +214,7 @@ mod tests {
         p.settle(3, 1); // kept 2, then the model said 9
         assert_eq!(p.propose(&[1, 2, 9], 3, &mut out), 0);
         p.settle(2, 2); // someone else's drafts: not counted
-        assert_eq!((p.accepted(), p.rejected()), (1, 2));
+        assert_eq!((p.tally().accepted, p.tally().rejected), (1, 2));
     }
 
     proptest! {

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::prediction::Prediction;
+use super::prediction::{Prediction, PredictionTokens};
 use crate::kv_cache::RequestBlocks;
 use crate::sampling::SamplingParams;
 
@@ -31,27 +31,6 @@ impl FinishReason {
             FinishReason::Length => "length",
             FinishReason::Abort => "abort",
             FinishReason::Error => "error",
-        }
-    }
-}
-
-/// How a request's prediction of its output fared so far.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct PredictionTokens {
-    /// Predicted tokens the model kept.
-    pub accepted: u32,
-    /// Predicted tokens verified as drafts and not kept (they cost compute
-    /// like any token).
-    pub rejected: u32,
-}
-
-impl std::ops::Add for PredictionTokens {
-    type Output = PredictionTokens;
-
-    fn add(self, other: PredictionTokens) -> PredictionTokens {
-        PredictionTokens {
-            accepted: self.accepted.saturating_add(other.accepted),
-            rejected: self.rejected.saturating_add(other.rejected),
         }
     }
 }
@@ -156,10 +135,7 @@ impl Request {
     /// keep (OpenAI's `accepted_prediction_tokens` and
     /// `rejected_prediction_tokens`); `None` without a prediction.
     pub fn prediction_tokens(&self) -> Option<PredictionTokens> {
-        self.prediction.as_ref().map(|p| PredictionTokens {
-            accepted: p.accepted(),
-            rejected: p.rejected(),
-        })
+        self.prediction.as_ref().map(|p| p.tally())
     }
 
     /// The caller's request id.
