@@ -64,11 +64,29 @@ fn a_prediction_keeps_the_answer_and_reports_what_was_kept() {
     let kept = details["accepted_prediction_tokens"].as_u64().unwrap();
     let not_kept = details["rejected_prediction_tokens"].as_u64().unwrap();
     let answer = usage["completion_tokens"].as_u64().unwrap();
-    // The answer repeats most of the code, and every kept draft is a
-    // token of the answer (the first never is: it comes from the prefill).
+    // The answer repeats most of the code, and every step keeps at most
+    // its drafts plus the token after them.
     assert!(kept >= answer / 3, "{usage}");
     assert!(kept < answer, "{usage}");
     println!("predicted tokens kept {kept}, not kept {not_kept}, of {answer}");
+
+    // The answer itself as prediction: it covers every token but the end
+    // of sequence, so every draft is kept, from the first token on (the
+    // prefill verifies the prediction's first four): each step gives
+    // four kept drafts and the token after them, the last step fewer.
+    let r = server.post(
+        "/v1/chat/completions",
+        &chat(json!({"type": "content", "content": want})),
+    );
+    let exact = r.json();
+    assert_eq!(exact["choices"][0]["message"]["content"], want.as_str());
+    assert_eq!(exact["choices"][0]["finish_reason"], "stop");
+    let n = exact["usage"]["completion_tokens"].as_u64().unwrap();
+    let steps = n.div_ceil(5);
+    assert_eq!(
+        exact["usage"]["completion_tokens_details"],
+        json!({"accepted_prediction_tokens": n - steps, "rejected_prediction_tokens": 0})
+    );
 
     // The same prediction as a list of text parts; streamed, with usage.
     let parts = json!({"type": "content", "content": [

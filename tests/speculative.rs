@@ -1,11 +1,12 @@
-//! Speculative decoding (n-gram drafts verified in one step) on the real
-//! model: it may only change how many tokens a step yields, never which.
-//! Every request, greedy or seeded random, with logprobs, penalties, bad
-//! words and stop tokens, must produce the tokens, logprobs and finish it
-//! produces without drafts, while drafts are in fact kept; in-process and
-//! with worker processes (tensor parallel too), with and without async
-//! scheduling; and over HTTP with the structured-output plugin masking
-//! every position.
+//! Speculative decoding (n-gram drafts, or a predicted output's, verified
+//! in one step) on the real model: it may only change how many tokens a
+//! step yields, never which. Every request, greedy or seeded random, with
+//! logprobs, prompt logprobs, penalties, bad words and stop tokens, must
+//! produce the tokens, logprobs and finish it produces without drafts,
+//! while drafts are in fact kept; in-process and with worker processes
+//! (tensor parallel too), with and without async scheduling, with and
+//! without predictions (verified from the prefill on); and over HTTP with
+//! the structured-output plugin masking every position.
 
 use crate::harness::{structured_outputs_args, Server};
 use host::config::EngineConfig;
@@ -15,18 +16,28 @@ use serde_json::json;
 use std::time::{Duration, Instant};
 
 /// Prompts whose continuations repeat what came before (so n-gram drafts
-/// are often right) and ones that do not.
-fn prompts() -> Vec<String> {
-    let mut p: Vec<String> = [
-        "Repeat the line three times.\nThe quick brown fox jumps over the lazy dog.\nThe quick brown fox jumps over the lazy dog.\n",
-        "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,",
-        "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
-        "The history of Rome",
-        "Why the sky is blue",
+/// are often right) and ones that do not, each with a guess at its
+/// continuation to predict it by (right, partly right, or wrong).
+fn prompts() -> Vec<(String, &'static str)> {
+    let mut p: Vec<(String, &str)> = [
+        (
+            "Repeat the line three times.\nThe quick brown fox jumps over the lazy dog.\nThe quick brown fox jumps over the lazy dog.\n",
+            "The quick brown fox jumps over the lazy dog.\n",
+        ),
+        (
+            "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,",
+            " 13, 14, 15, 16, 17, 18, 19, 20,",
+        ),
+        (
+            "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+            "    return a * b\n\ndef div(a, b):\n    return a / b\n",
+        ),
+        ("The history of Rome", " is long."),
+        ("Why the sky is blue", "\n\nThe sky is blue because"),
     ]
-    .map(String::from)
+    .map(|(t, guess)| (String::from(t), guess))
     .to_vec();
-    p.push("red, green, blue, ".repeat(6));
+    p.push(("red, green, blue, ".repeat(6), "red, green, blue, red,"));
     p
 }
 
@@ -40,6 +51,7 @@ fn params(llm: &Llm, n: usize) -> Vec<SamplingParams> {
                 temperature: 0.0,
                 max_tokens: 40,
                 logprobs: Some(3),
+                prompt_logprobs: Some(2),
                 ..SamplingParams::default()
             },
             1 => SamplingParams {
@@ -66,11 +78,24 @@ fn params(llm: &Llm, n: usize) -> Vec<SamplingParams> {
         .collect()
 }
 
-/// What a run produced: per request its tokens, their logprobs (bits) and
-/// its finish; and the speculative counters.
-type Run = (Vec<(Vec<u32>, Vec<Vec<u32>>, String)>, (u64, u64));
+/// What a run produced: per request its tokens, their logprobs and its
+/// prompt logprobs (bits) and its finish; the speculative counters; and
+/// the predicted tokens kept, summed over the requests.
+type Run = (
+    Vec<(Vec<u32>, Vec<Vec<u32>>, Vec<Vec<u32>>, String)>,
+    (u64, u64),
+    u32,
+);
 
-fn run(num_speculative_tokens: usize, async_scheduling: bool, backend: &str, tp: usize) -> Run {
+/// Generates every prompt with `num_speculative_tokens` drafts per step,
+/// each request predicting its guess if `predict`.
+fn run(
+    num_speculative_tokens: usize,
+    async_scheduling: bool,
+    backend: &str,
+    tp: usize,
+    predict: bool,
+) -> Run {
     let mut c = EngineConfig::default();
     c.model.path = e2e::default_model();
     c.model.max_model_len = 512;
@@ -86,13 +111,14 @@ fn run(num_speculative_tokens: usize, async_scheduling: bool, backend: &str, tp:
     let requests: Vec<GenerateRequest> = texts
         .iter()
         .zip(params(&llm, texts.len()))
-        .map(|(t, p)| GenerateRequest {
+        .map(|((t, guess), p)| GenerateRequest {
             prompt: Prompt::Text(t.clone()),
             params: p,
             priority: 0,
-            prediction: None,
+            prediction: predict.then(|| guess.to_string()),
         })
         .collect();
+    let mut predicted_kept = 0;
     let got = llm
         .generate(&requests, |_, _| {}, |_, _| {})
         .unwrap()
@@ -100,6 +126,8 @@ fn run(num_speculative_tokens: usize, async_scheduling: bool, backend: &str, tp:
         .map(|r| {
             let c = r.unwrap();
             assert_eq!(c.logprobs.len() % c.token_ids.len().max(1), 0);
+            assert_eq!(c.prediction_tokens.is_some(), predict);
+            predicted_kept += c.prediction_tokens.map_or(0, |p| p.accepted);
             let logprobs = c
                 .logprobs
                 .iter()
@@ -109,7 +137,22 @@ fn run(num_speculative_tokens: usize, async_scheduling: bool, backend: &str, tp:
                     bits
                 })
                 .collect();
-            (c.token_ids, logprobs, c.finish.finish_reason)
+            let prompt_logprobs = c
+                .prompt_logprobs
+                .iter()
+                .flatten()
+                .map(|l| {
+                    let mut bits = vec![l.token, l.logprob.to_bits(), l.rank];
+                    bits.extend(l.top.iter().flat_map(|&(t, p)| [t, p.to_bits()]));
+                    bits
+                })
+                .collect();
+            (
+                c.token_ids,
+                logprobs,
+                prompt_logprobs,
+                c.finish.finish_reason,
+            )
         })
         .collect();
     llm.core().scheduler().check_invariants().unwrap();
@@ -121,33 +164,44 @@ fn run(num_speculative_tokens: usize, async_scheduling: bool, backend: &str, tp:
         spec.num_accepted_tokens,
         "every kept draft counted at its position"
     );
-    (got, (spec.num_draft_tokens, spec.num_accepted_tokens))
+    (
+        got,
+        (spec.num_draft_tokens, spec.num_accepted_tokens),
+        predicted_kept,
+    )
 }
 
 #[test]
 fn drafts_change_how_many_tokens_a_step_yields_never_which() {
-    let (expected, (drafted, _)) = run(0, false, "uni", 1);
+    let (expected, (drafted, _), _) = run(0, false, "uni", 1, false);
     assert_eq!(drafted, 0, "no drafts without speculative decoding");
+    assert!(
+        expected.iter().step_by(3).all(|r| !r.2.is_empty()),
+        "prompt logprobs were asked for"
+    );
     // Under tensor parallelism every rank samples the rounds itself and
     // feeds its own tokens back, so the ranks must agree position by
     // position; its sums run in another order, so it has its own baseline.
-    let (expected_tp, _) = run(0, false, "mp", 3);
+    let (expected_tp, ..) = run(0, false, "mp", 3, false);
     let runs = [
-        (4, false, "uni", 1),
-        (4, true, "uni", 1),
-        (2, false, "mp", 1),
-        (3, false, "mp", 3),
+        (4, false, "uni", 1, false),
+        (4, true, "uni", 1, false),
+        (4, false, "uni", 1, true),
+        (2, false, "mp", 1, true),
+        (3, false, "mp", 3, true),
     ];
-    for (k, async_scheduling, backend, tp) in runs {
-        let (got, (drafted, accepted)) = run(k, async_scheduling, backend, tp);
+    for (k, async_scheduling, backend, tp, predict) in runs {
+        let (got, (drafted, accepted), predicted_kept) =
+            run(k, async_scheduling, backend, tp, predict);
         let expected = if tp == 1 { &expected } else { &expected_tp };
         for (i, (g, e)) in got.iter().zip(expected).enumerate() {
             assert_eq!(
                 g, e,
                 "request {i} differs with {k} speculative tokens \
-                 (async {async_scheduling}, {backend}, TP {tp})"
+                 (async {async_scheduling}, {backend}, TP {tp}, predictions {predict})"
             );
         }
+        assert_eq!(predicted_kept > 0, predict, "predictions drafted, and kept");
         assert!(
             accepted > 0 && accepted < drafted,
             "drafts were proposed ({drafted}) and some, not all, kept ({accepted})"

@@ -106,7 +106,7 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
-            let mut drafts = self.propose(h, missing, *budget - n);
+            let mut drafts = self.propose(h, missing, n, *budget - n);
             let allocated = loop {
                 let req = req_mut(&mut self.slots, h);
                 let got = self.kv.allocate_slots(
@@ -158,22 +158,26 @@ impl Scheduler {
         preempted_any
     }
 
-    /// Speculative decoding: the draft tokens of running request `h` for
-    /// this step (from its prediction, else by n-gram lookup), appended to
-    /// `scratch.drafts`, when it is a decode whose
-    /// last token is known (`missing` is 1 and no step in flight samples
-    /// it). At most `room` of them (the budget left), and few enough that
-    /// the step's tokens, every draft kept plus one, stay within the
-    /// request's `max_tokens` and `max_model_len`.
-    fn propose(&mut self, h: ReqHandle, missing: usize, room: usize) -> Range<usize> {
+    /// Speculative decoding: the draft tokens of request `h` for this step,
+    /// appended to `scratch.drafts`, when its `n` scheduled tokens reach
+    /// the end of the `missing` ones and no step in flight samples its last
+    /// token. A decode drafts from its prediction, else by n-gram lookup;
+    /// a prefill (or a preempted request's recompute) from its prediction
+    /// alone: the step that samples the first token verifies the
+    /// prediction's first tokens, while the lookup would match the end of
+    /// a prompt, the chat template's turn markers, where nothing worth
+    /// drafting follows. At most `room` drafts (the budget left), and few
+    /// enough that the step's tokens, every draft kept plus one, stay
+    /// within the request's `max_tokens` and `max_model_len`.
+    fn propose(&mut self, h: ReqHandle, missing: usize, n: usize, room: usize) -> Range<usize> {
         let start = self.scratch.drafts.len();
         let Some(proposer) = self.proposer else {
             return start..start;
         };
         let req = self.slots[h.index()]
             .as_mut()
-            .expect("running handles hold a request");
-        if missing != 1 || req.num_output_placeholders > 0 {
+            .expect("scheduled handles hold a request");
+        if n != missing || req.num_output_placeholders > 0 {
             return start..start;
         }
         let max_tokens = req.sampling_params.max_tokens as usize;
@@ -190,7 +194,7 @@ impl Scheduler {
             None => 0,
         };
         let n = match predicted {
-            0 => proposer.propose(&req.all_token_ids, limit, drafts),
+            0 if missing == 1 => proposer.propose(&req.all_token_ids, limit, drafts),
             n => n,
         };
         start..start + n
@@ -275,15 +279,28 @@ impl Scheduler {
             };
             let missing = req.num_tokens() - computed.num_tokens;
             let capped = self.cap_long_prefill(missing);
-            let req = req_mut(&mut self.slots, h);
             if !self.config.enable_chunked_prefill && capped > *budget {
                 break;
             }
             let n = capped.min(*budget);
-            let Some(range) =
-                self.kv
-                    .allocate_slots(&mut req.kv, &req.all_token_ids, 0, n, &computed)
-            else {
+            let mut drafts = self.propose(h, missing, n, *budget - n);
+            let req = req_mut(&mut self.slots, h);
+            let mut allocated = self.kv.allocate_slots(
+                &mut req.kv,
+                &req.all_token_ids,
+                0,
+                n + drafts.len(),
+                &computed,
+            );
+            if allocated.is_none() && !drafts.is_empty() {
+                // Drafts are a bet: the prompt goes in without them.
+                self.scratch.drafts.truncate(drafts.start);
+                drafts = drafts.start..drafts.start;
+                allocated =
+                    self.kv
+                        .allocate_slots(&mut req.kv, &req.all_token_ids, 0, n, &computed);
+            }
+            let Some(range) = allocated else {
                 break;
             };
             req.num_computed_tokens = computed.num_tokens;
@@ -298,14 +315,14 @@ impl Scheduler {
             self.running.push(h);
             admitted[pos as usize] = true;
             any = true;
+            *budget -= n + drafts.len();
             scheduled.push(Scheduled {
                 handle: h,
-                num_tokens: n,
+                num_tokens: n + drafts.len(),
                 first_new_block: range.start,
                 kind,
-                drafts: 0..0,
+                drafts,
             });
-            *budget -= n;
         }
         if any {
             let mut k = 0;

@@ -758,20 +758,19 @@ fn a_predicted_output_is_drafted_before_the_ngram_lookup_and_tallied() {
     let prompt = vec![101, 102, 103, 101, 102];
     let req = Request::new("r", prompt, params(10), 0.0, 0).with_prediction(vec![7, 8, 9, 10]);
     let h = s.add_request(req).unwrap();
-    let (out, _) = step(&mut s, 7);
-    assert!(
-        out.scheduled_spec_decode_tokens.is_empty(),
-        "no drafts in a prefill"
-    );
+    // The prefill verifies the prediction's first tokens.
     let out = s.schedule();
-    assert_eq!(out.scheduled_spec_decode_tokens.drafts(0), [8, 9, 10]);
-    // The model kept 8, then said 5: one kept, two not.
-    s.update_from_output(&out, &[(h, vec![8, 5])]);
+    assert_eq!(scheduled(&out), [(h.0, 8)], "the prompt and three drafts");
+    assert_eq!(out.scheduled_spec_decode_tokens.drafts(0), [7, 8, 9]);
+    // The model kept 7 and 8, then said 5: two kept, one not.
+    s.update_from_output(&out, &[(h, vec![7, 8, 5])]);
+    let r = s.request(h).unwrap();
+    assert_eq!((r.num_tokens(), r.num_computed_tokens()), (8, 7));
     assert_eq!(
-        s.request(h).unwrap().prediction_tokens(),
+        r.prediction_tokens(),
         Some(PredictionTokens {
-            accepted: 1,
-            rejected: 2
+            accepted: 2,
+            rejected: 1
         })
     );
     // "8 5" is nowhere in the prediction; the n-gram lookup drafts instead
@@ -787,11 +786,59 @@ fn a_predicted_output_is_drafted_before_the_ngram_lookup_and_tallied() {
     assert_eq!(
         s.request(h).unwrap().prediction_tokens(),
         Some(PredictionTokens {
-            accepted: 1,
-            rejected: 2
+            accepted: 2,
+            rejected: 1
         }),
         "the lookup's drafts are not the prediction's"
     );
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn a_chunked_prefill_drafts_its_prediction_in_the_last_chunk_alone() {
+    let mut s = drafting(2, 1, 2);
+    s.config.long_prefill_token_threshold = 4;
+    let req = request("r", 0, 6, params(10)).with_prediction(vec![7, 8, 9]);
+    let h = s.add_request(req).unwrap();
+    let out = s.schedule();
+    assert_eq!(scheduled(&out), [(h.0, 4)]);
+    assert!(
+        out.scheduled_spec_decode_tokens.is_empty(),
+        "a first chunk samples nothing"
+    );
+    s.update_from_output(&out, &[] as &[(ReqHandle, Vec<u32>)]);
+    let out = s.schedule();
+    assert_eq!(
+        scheduled(&out),
+        [(h.0, 4)],
+        "the last two prompt tokens, two drafts"
+    );
+    assert_eq!(out.scheduled_spec_decode_tokens.drafts(0), [7, 8]);
+    s.update_from_output(&out, &[(h, vec![7, 8, 9])]);
+    assert_eq!(
+        s.request(h).unwrap().prediction_tokens(),
+        Some(PredictionTokens {
+            accepted: 2,
+            rejected: 0
+        })
+    );
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn a_prompt_goes_in_without_its_drafts_where_the_cache_cannot_hold_them() {
+    let mut c = config(4, 4);
+    c.num_speculative_tokens = 3;
+    let mut s = Scheduler::new(c).unwrap();
+    // The first request takes two of the four blocks; the second's prompt
+    // fits in the other two, with its three drafts it would not.
+    let first = s.add_request(request("a", 0, 8, params(8))).unwrap();
+    let req = request("b", 20, 7, params(9)).with_prediction(vec![7, 8, 9]);
+    let h = s.add_request(req).unwrap();
+    let out = s.schedule();
+    assert_eq!(scheduled(&out), [(first.0, 8), (h.0, 7)]);
+    assert!(out.scheduled_spec_decode_tokens.is_empty());
+    s.update_from_output(&out, &[(first, vec![3]), (h, vec![7])]);
     s.check_invariants().unwrap();
 }
 
