@@ -61,6 +61,7 @@ fn request(id: &str, prompt_token_ids: Vec<u32>, params: SamplingParams) -> Engi
         priority: 0,
         output_token_ids: Vec::new(),
         prediction: Vec::new(),
+        cache_salt: None,
     }
 }
 

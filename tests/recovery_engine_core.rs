@@ -191,6 +191,7 @@ fn request(id: &str, ids: &[u32], max_tokens: u32) -> EngineCoreRequest {
         priority: 0,
         output_token_ids: Vec::new(),
         prediction: Vec::new(),
+        cache_salt: None,
     }
 }
 

@@ -496,3 +496,103 @@ fn host_without_a_subcommand_serves() {
         .expect("stdout");
     assert!(line.contains("listening on http://127.0.0.1:"), "{line}");
 }
+
+/// vLLM's `cache_salt`: a request reuses the prefix-cache blocks of
+/// requests with the same salt only (unsalted ones share among
+/// themselves), on every generation endpoint; a bad salt is a 400 naming
+/// the field.
+#[test]
+fn a_cache_salt_shares_cached_prefixes_with_the_same_salt_alone() {
+    let server = Server::start(&[]);
+    // About a hundred tokens: several full 16-token blocks.
+    let system = "You answer every question about the sea in one short word. ".repeat(8);
+    // The prefix-cache hits (tokens) of one request.
+    let hits_of = |path: &str, mut body: serde_json::Value, salt: Option<&str>| {
+        if let Some(salt) = salt {
+            body["cache_salt"] = json!(salt);
+        }
+        let before = server.metric("vllm:prefix_cache_hits_total");
+        let r = server.post(path, &body);
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        server.metric("vllm:prefix_cache_hits_total") - before
+    };
+    let completion = |q: &str| json!({"prompt": format!("{system}{q}"), "max_tokens": 1});
+    let chat = |q: &str| {
+        json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": q}],
+            "max_tokens": 1})
+    };
+    let responses = |q: &str| json!({"instructions": system, "input": q, "max_output_tokens": 1});
+    let cases = [
+        (
+            "/v1/completions",
+            completion("Salt?"),
+            Some("tenant-a"),
+            false,
+        ),
+        (
+            "/v1/completions",
+            completion("Waves?"),
+            Some("tenant-a"),
+            true,
+        ),
+        (
+            "/v1/completions",
+            completion("Tides?"),
+            Some("tenant-b"),
+            false,
+        ),
+        ("/v1/completions", completion("Fish?"), None, false),
+        ("/v1/completions", completion("Ships?"), None, true),
+        (
+            "/v1/chat/completions",
+            chat("Salt?"),
+            Some("tenant-a"),
+            false,
+        ),
+        (
+            "/v1/chat/completions",
+            chat("Waves?"),
+            Some("tenant-a"),
+            true,
+        ),
+        (
+            "/v1/chat/completions",
+            chat("Tides?"),
+            Some("tenant-b"),
+            false,
+        ),
+        ("/v1/responses", responses("Salt?"), Some("tenant-a"), true),
+        (
+            "/v1/responses",
+            responses("Tides?"),
+            Some("tenant-c"),
+            false,
+        ),
+    ];
+    for (i, (path, body, salt, shared)) in cases.into_iter().enumerate() {
+        let hits = hits_of(path, body, salt);
+        if shared {
+            assert!(
+                hits >= 64.0,
+                "case {i} ({path}, {salt:?}) reused {hits} tokens"
+            );
+        } else {
+            assert_eq!(
+                hits, 0.0,
+                "case {i} ({path}, {salt:?}) reused another salt's blocks"
+            );
+        }
+    }
+    for (salt, why) in [
+        (json!(""), "non-empty"),
+        (json!(7), "cache_salt"),
+        (json!("s".repeat(1025)), "1025 bytes"),
+    ] {
+        let mut body = completion("Salt?");
+        body["cache_salt"] = salt;
+        let r = server.post("/v1/completions", &body);
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert_eq!(r.json()["error"]["param"], "cache_salt", "{}", r.text());
+        assert!(r.text().contains(why), "{}", r.text());
+    }
+}

@@ -97,6 +97,7 @@ const FIELDS: &[&str] = &[
     "guided_choice",
     "structured_outputs",
     "prediction",
+    "cache_salt",
     "user",
     // /tokenize, /detokenize and /v1/responses.
     "tokens",

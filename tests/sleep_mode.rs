@@ -230,6 +230,7 @@ fn sleep_waits_for_no_one_it_refuses_while_requests_are_unfinished() {
         priority: 0,
         output_token_ids: Vec::new(),
         prediction: Vec::new(),
+        cache_salt: None,
     };
     core.add_request(request).unwrap();
     // One step: the request is in the worker's batch (and, under async

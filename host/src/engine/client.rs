@@ -25,6 +25,7 @@ use super::ipc::{EngineCoreRestarts, Launcher, ProcessTransport, RemoteEngines};
 use super::shared::{sum_engines, Liveness, Shared, StreamItem};
 use super::startup;
 use crate::config::EngineConfig;
+use crate::kv_cache::cache_salt_key;
 use crate::tokenizer::Tokenizer;
 
 /// Why a request or call got no answer from the engine core.
@@ -243,7 +244,8 @@ impl EngineCoreClient {
             router.apply(rank, &engine.shared.take_kv_events());
         }
         let loads: Vec<EngineLoad> = engines.iter().map(Engine::load).collect();
-        Ok(router.choose(&req.prompt_token_ids, &loads))
+        let salt = req.cache_salt.as_deref().map(cache_salt_key);
+        Ok(router.choose(&req.prompt_token_ids, salt, &loads))
     }
 
     /// Aborts requests by id; unknown or finished ids are ignored.

@@ -47,6 +47,11 @@ pub struct EngineCoreRequest {
     /// empty for none. Refused when speculative decoding is off.
     #[serde(default)]
     pub prediction: Vec<u32>,
+    /// vLLM's `cache_salt`: the request shares prefix-cache blocks only
+    /// with requests of the same salt (one tenant's prompts cannot be
+    /// probed by another's timing); `None` shares with unsalted ones.
+    #[serde(default)]
+    pub cache_salt: Option<String>,
 }
 
 /// What one request produced in one step.
@@ -233,7 +238,8 @@ impl EngineCore {
         );
         let request = request
             .with_output(&req.output_token_ids)
-            .with_prediction(req.prediction);
+            .with_prediction(req.prediction)
+            .with_cache_salt(req.cache_salt.as_deref());
         self.scheduler.add_request(request)?;
         self.num_prompt_tokens += prompt_len;
         Ok(())

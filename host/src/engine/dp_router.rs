@@ -101,10 +101,12 @@ impl DpRouter {
                     parent_block_hash,
                     token_ids,
                     block_size,
+                    extra_key,
                 } => {
                     if *block_size as usize != self.block_size {
                         continue;
                     }
+                    let mut extra = *extra_key;
                     let mut parent = match parent_block_hash {
                         None => None,
                         Some(p) => match blocks.ours.get(p) {
@@ -115,7 +117,7 @@ impl DpRouter {
                     };
                     let chunks = token_ids.chunks_exact(self.block_size);
                     for (&theirs, tokens) in block_hashes.iter().zip(chunks) {
-                        let ours = self.hasher.hash_block(parent, tokens, None);
+                        let ours = self.hasher.hash_block(parent, tokens, extra.take());
                         blocks.store(theirs, ours);
                         parent = Some(ours);
                     }
@@ -130,13 +132,15 @@ impl DpRouter {
         }
     }
 
-    /// The router's hashes of `prompt`'s full blocks.
-    pub fn prompt_hashes(&self, prompt: &[u32]) -> Vec<BlockHash> {
+    /// The router's hashes of `prompt`'s full blocks, for a request with
+    /// the cache salt `salt` ([`cache_salt_key`](crate::kv_cache::cache_salt_key)).
+    pub fn prompt_hashes(&self, prompt: &[u32], salt: Option<u64>) -> Vec<BlockHash> {
         let mut parent = None;
+        let mut extra = salt;
         prompt
             .chunks_exact(self.block_size)
             .map(|tokens| {
-                let h = self.hasher.hash_block(parent, tokens, None);
+                let h = self.hasher.hash_block(parent, tokens, extra.take());
                 parent = Some(h);
                 h
             })
@@ -153,11 +157,12 @@ impl DpRouter {
         })
     }
 
-    /// The engine for a request with `prompt`, given each engine's load:
-    /// the best trade of cached tokens against queued requests; ties go to
-    /// the less loaded, then the lower rank.
-    pub fn choose(&self, prompt: &[u32], loads: &[EngineLoad]) -> usize {
-        let hashes = self.prompt_hashes(prompt);
+    /// The engine for a request with `prompt` and cache salt `salt`
+    /// ([`cache_salt_key`](crate::kv_cache::cache_salt_key)), given each engine's load: the best trade of
+    /// cached tokens against queued requests; ties go to the less loaded,
+    /// then the lower rank.
+    pub fn choose(&self, prompt: &[u32], salt: Option<u64>, loads: &[EngineLoad]) -> usize {
+        let hashes = self.prompt_hashes(prompt, salt);
         let score = |engine: usize| {
             let cached = (self.matched_blocks(engine, &hashes) * self.block_size) as f64;
             let load = loads.get(engine).copied().unwrap_or_default().weight();
@@ -179,14 +184,14 @@ impl DpRouter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv_cache::{KVCacheManager, RequestBlocks};
+    use crate::kv_cache::{cache_salt_key, KVCacheManager, RequestBlocks};
 
     const BS: usize = 4;
 
-    /// Prefills `tokens` on `m` and frees the request, as an engine does
-    /// for a request that finished.
-    fn serve(m: &mut KVCacheManager, tokens: &[u32]) {
-        let mut r = RequestBlocks::new(None);
+    /// Prefills `tokens` salted with `salt` on `m` and frees the request,
+    /// as an engine does for a request that finished.
+    fn serve(m: &mut KVCacheManager, tokens: &[u32], salt: Option<u64>) {
+        let mut r = RequestBlocks::new(salt);
         let c = m.get_computed_blocks(&mut r, tokens);
         let n = tokens.len() - c.num_tokens;
         m.allocate_slots(&mut r, tokens, 0, n, &c)
@@ -203,8 +208,9 @@ mod tests {
     #[test]
     fn the_index_predicts_each_engines_own_prefix_hit() {
         // Two engines with their own hash keys serve different prompts,
-        // with evictions (16 blocks each); after every request the router's
-        // match must equal what the engine itself would reuse.
+        // some with a cache salt, with evictions (16 blocks each); after
+        // every request the router's match must equal what the engine
+        // itself would reuse, salted or not.
         let mut engines = [engine(16), engine(16)];
         let mut router = DpRouter::new(2, BS);
         let mut seed = 7u64;
@@ -214,6 +220,7 @@ mod tests {
             seed ^= seed << 17;
             seed
         };
+        let salts = [None, Some(cache_salt_key("a")), Some(cache_salt_key("b"))];
         let stems: Vec<Vec<u32>> = (0..4)
             .map(|s| (0..24).map(|t| s * 100 + t).collect())
             .collect();
@@ -224,17 +231,19 @@ mod tests {
             if prompt.is_empty() {
                 continue;
             }
-            serve(&mut engines[e], &prompt);
+            serve(&mut engines[e], &prompt, salts[(next() % 3) as usize]);
             router.apply(e, &engines[e].take_events());
             for (i, m) in engines.iter_mut().enumerate() {
                 let probe: Vec<u32> = prompt.iter().copied().chain([9999]).collect();
-                let mut r = RequestBlocks::new(None);
-                let hit = m.get_computed_blocks(&mut r, &probe).num_tokens / BS;
-                assert_eq!(
-                    router.matched_blocks(i, &router.prompt_hashes(&probe)),
-                    hit,
-                    "engine {i}, prompt {probe:?}"
-                );
+                for salt in salts {
+                    let mut r = RequestBlocks::new(salt);
+                    let hit = m.get_computed_blocks(&mut r, &probe).num_tokens / BS;
+                    assert_eq!(
+                        router.matched_blocks(i, &router.prompt_hashes(&probe, salt)),
+                        hit,
+                        "engine {i}, prompt {probe:?}, salt {salt:?}"
+                    );
+                }
             }
         }
     }
@@ -244,12 +253,16 @@ mod tests {
         let mut engines = [engine(64), engine(64)];
         let mut router = DpRouter::new(2, BS);
         let system: Vec<u32> = (0..128).collect();
-        serve(&mut engines[1], &system);
+        serve(&mut engines[1], &system, None);
         router.apply(1, &engines[1].take_events());
         let mut prompt = system.clone();
         prompt.extend([500, 501, 502]);
         let idle = [EngineLoad::default(); 2];
-        assert_eq!(router.choose(&prompt, &idle), 1, "the cached prefix wins");
+        assert_eq!(
+            router.choose(&prompt, None, &idle),
+            1,
+            "the cached prefix wins"
+        );
         // One request more running on engine 1 costs less than the 128
         // cached tokens save.
         let busier = [
@@ -259,7 +272,7 @@ mod tests {
                 running: 1,
             },
         ];
-        assert_eq!(router.choose(&prompt, &busier), 1);
+        assert_eq!(router.choose(&prompt, None, &busier), 1);
         let swamped = [
             EngineLoad::default(),
             EngineLoad {
@@ -267,13 +280,20 @@ mod tests {
                 running: 8,
             },
         ];
-        assert_eq!(router.choose(&prompt, &swamped), 0, "queueing costs more");
+        assert_eq!(
+            router.choose(&prompt, None, &swamped),
+            0,
+            "queueing costs more"
+        );
         // Without a cached prefix, the least loaded engine, then rank 0.
-        assert_eq!(router.choose(&[7, 7, 7, 7, 7], &busier), 0);
-        assert_eq!(router.choose(&[7, 7, 7, 7, 7], &idle), 0);
+        assert_eq!(router.choose(&[7, 7, 7, 7, 7], None, &busier), 0);
+        assert_eq!(router.choose(&[7, 7, 7, 7, 7], None, &idle), 0);
         // A cleared engine is forgotten.
         engines[1].reset_prefix_cache();
         router.apply(1, &engines[1].take_events());
-        assert_eq!(router.matched_blocks(1, &router.prompt_hashes(&prompt)), 0);
+        assert_eq!(
+            router.matched_blocks(1, &router.prompt_hashes(&prompt, None)),
+            0
+        );
     }
 }

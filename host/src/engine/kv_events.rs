@@ -245,6 +245,7 @@ fn encode_event(w: &mut Vec<u8>, event: &KvCacheEvent) {
             parent_block_hash,
             token_ids,
             block_size,
+            extra_key: _,
         } => {
             let _ = write_array_len(w, 7);
             let _ = write_str(w, "BlockStored");

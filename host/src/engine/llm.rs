@@ -225,6 +225,7 @@ impl Llm {
                 priority: req.priority,
                 output_token_ids: Vec::new(),
                 prediction,
+                cache_salt: None,
             };
             if let Err(e) = self.core.add_request(core_req) {
                 results[index] = refused(e.into());

@@ -17,6 +17,11 @@ pub enum KvCacheEvent {
         token_ids: Vec<u32>,
         /// Tokens per block.
         block_size: u32,
+        /// The first block's extra key (its request's cache salt) when the
+        /// run starts the sequence; the chain carries it to every later
+        /// block. Not on the wire: vLLM's event has no place for it.
+        #[serde(default)]
+        extra_key: Option<u64>,
     },
     /// Cached blocks were evicted (their memory went to other tokens).
     BlockRemoved {
@@ -92,6 +97,7 @@ mod tests {
                 parent_block_hash: None,
                 token_ids: (0..8).collect(),
                 block_size: 4,
+                extra_key: None,
             }]
         );
         // Shares a's first block: only its own blocks are stored, chained
@@ -106,6 +112,7 @@ mod tests {
                 parent_block_hash: Some(ha[0]),
                 token_ids: (50..58).collect(),
                 block_size: 4,
+                extra_key: None,
             }]
         );
         // Four blocks of new tokens evict every cached block.

@@ -107,6 +107,19 @@ impl std::hash::Hasher for BlockHashMapHasher {
     }
 }
 
+/// The extra key of a request's cache salt (vLLM's `cache_salt`): requests
+/// with different salts never share prefix-cache blocks, so a tenant cannot
+/// learn from a hit's speed what another sent. The same salt gives the same
+/// key in every process (the block hash then keys it with the process's
+/// own key), so a data-parallel router hashing a prompt agrees with the
+/// engines.
+pub fn cache_salt_key(salt: &str) -> u64 {
+    let mut sip = SipHasher13::new([0, 0]);
+    sip.write(b"kv-cache-salt\0");
+    sip.write(salt.as_bytes());
+    sip.finish()
+}
+
 impl BlockHasher {
     /// A hasher with the given 128-bit key.
     pub fn with_key(key: [u64; 2]) -> Self {

@@ -322,6 +322,7 @@ impl KVCacheManager {
             parent_block_hash: run.start.checked_sub(1).map(|p| req.hashes[p].0),
             token_ids: tokens[run.start * bs..run.end * bs].to_vec(),
             block_size: bs as u32,
+            extra_key: req.extra_key.filter(|_| run.start == 0),
         });
     }
 

@@ -13,7 +13,7 @@ pub mod manager;
 
 pub use block_pool::BlockPool;
 pub use events::KvCacheEvent;
-pub use hashing::{BlockHash, BlockHasher};
+pub use hashing::{cache_salt_key, BlockHash, BlockHasher};
 pub use manager::{ComputedBlocks, KVCacheManager, PrefixCacheStats, RequestBlocks};
 
 use thiserror::Error;

@@ -131,6 +131,13 @@ impl Request {
         self
     }
 
+    /// The request with its cache salt (vLLM's `cache_salt`): it shares
+    /// prefix-cache blocks only with requests of the same salt.
+    pub fn with_cache_salt(mut self, salt: Option<&str>) -> Self {
+        self.kv = RequestBlocks::new(salt.map(crate::kv_cache::cache_salt_key));
+        self
+    }
+
     /// Predicted tokens the model kept and those it verified and did not
     /// keep (OpenAI's `accepted_prediction_tokens` and
     /// `rejected_prediction_tokens`); `None` without a prediction.

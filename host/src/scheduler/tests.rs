@@ -556,6 +556,33 @@ fn shared_prefixes_hit_the_cache() {
     assert_eq!(out.scheduled_new_reqs[0].num_computed_tokens, 0);
 }
 
+#[test]
+fn a_cache_salt_shares_the_prefix_cache_with_the_same_salt_alone() {
+    let mut c = config(64, 16);
+    c.max_num_batched_tokens = 128;
+    let mut s = Scheduler::new(c).unwrap();
+    let system: Vec<u32> = (1000..1064).collect();
+    // Each request follows the earlier ones' prefills; the hit is what the
+    // earlier requests with the same salt (or none) left cached.
+    let cases = [
+        (Some("tenant-a"), 0),
+        (Some("tenant-a"), 64),
+        (Some("tenant-b"), 0),
+        (None, 0),
+        (None, 64),
+        (Some("tenant-b"), 64),
+    ];
+    for (i, (salt, hit)) in cases.into_iter().enumerate() {
+        let mut prompt = system.clone();
+        prompt.push(5000 + i as u32);
+        let req = Request::new(format!("r{i}"), prompt, params(1), i as f64, 0);
+        s.add_request(req.with_cache_salt(salt)).unwrap();
+        let (out, _) = step(&mut s, 7);
+        let new = &out.scheduled_new_reqs[0];
+        assert_eq!(new.num_computed_tokens, hit, "request {i}, salt {salt:?}");
+    }
+}
+
 /// A policy that answers nonsense, to exercise validation.
 struct Broken;
 

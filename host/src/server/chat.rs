@@ -92,8 +92,11 @@ pub async fn create(
     prediction.truncate(params.max_tokens as usize);
     app.constrain(&mut params, constraint, &sampling).await?;
     let id = app.next_request_id("chatcmpl");
-    let priority = sampling.priority.unwrap_or(0);
-    let seqs = generate::start(&app, &id, vec![prompt], &params, priority, &prediction)
+    let extras = generate::Extras {
+        prediction: &prediction,
+        ..generate::Extras::of(&sampling)?
+    };
+    let seqs = generate::start(&app, &id, vec![prompt], &params, extras)
         .await
         .map_err(|mut e| {
             // The engine may refuse the rest of the context (a KV cache smaller

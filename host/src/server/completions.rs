@@ -102,15 +102,8 @@ pub async fn create(
         token_ids: prompts.clone(),
         n: params.n.max(1) as usize,
     });
-    let mut seqs = generate::start(
-        &app,
-        &id,
-        prompts,
-        &params,
-        sampling.priority.unwrap_or(0),
-        &[],
-    )
-    .await?;
+    let extras = generate::Extras::of(&sampling)?;
+    let mut seqs = generate::start(&app, &id, prompts, &params, extras).await?;
     if prompt_only {
         seqs.iter_mut()
             .for_each(generate::Sequence::set_prompt_only);

@@ -23,8 +23,39 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::params::child_params;
-use super::protocol::Usage;
+use super::protocol::{SamplingRequest, Usage};
 use super::AppState;
+
+/// What every engine request of one API request carries besides its
+/// prompt and sampling parameters.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Extras<'a> {
+    /// Scheduling priority under the priority policy (smaller runs first).
+    pub priority: i32,
+    /// The client's predicted output (chat's `prediction`), drafted from by
+    /// every choice; empty for none.
+    pub prediction: &'a [u32],
+    /// vLLM's `cache_salt`.
+    pub cache_salt: Option<&'a str>,
+}
+
+impl<'a> Extras<'a> {
+    /// The priority and cache salt of a request's sampling fields, without
+    /// a prediction. A salt must be a non-empty string (as in vLLM).
+    pub fn of(sampling: &'a SamplingRequest) -> Result<Self, ApiError> {
+        if sampling.cache_salt.as_deref() == Some("") {
+            return Err(ApiError::field(
+                "cache_salt",
+                "must be a non-empty string; leave it out to share the prefix cache with unsalted requests",
+            ));
+        }
+        Ok(Extras {
+            priority: sampling.priority.unwrap_or(0),
+            prediction: &[],
+            cache_salt: sampling.cache_salt.as_deref(),
+        })
+    }
+}
 
 /// One choice of an answer in flight.
 pub struct Sequence {
@@ -47,19 +78,17 @@ pub struct Sequence {
     prompt_only: bool,
 }
 
-/// Queues one engine request per prompt and choice and waits until the
-/// engine produced the first output of each (or refused one). Every
-/// choice drafts from `prediction` (the client's predicted output; empty
-/// for none). On error the
-/// requests already queued are dropped, which aborts them. Refused with 429
-/// when the requests would not fit `server.max_waiting_requests`.
+/// Queues one engine request per prompt and choice, each with `extras`,
+/// and waits until the engine produced the first output of each (or
+/// refused one). On error the requests already queued are dropped, which
+/// aborts them. Refused with 429 when the requests would not fit
+/// `server.max_waiting_requests`.
 pub async fn start(
     app: &AppState,
     request_id: &str,
     prompts: Vec<Vec<u32>>,
     params: &SamplingParams,
-    priority: i32,
-    prediction: &[u32],
+    extras: Extras<'_>,
 ) -> Result<Vec<Sequence>, ApiError> {
     app.check_serving()?;
     let n = params.n as usize;
@@ -78,9 +107,10 @@ pub async fn start(
                 request_id: format!("{request_id}-{index}"),
                 prompt_token_ids: prompt.clone(),
                 sampling_params,
-                priority,
+                priority: extras.priority,
                 output_token_ids: Vec::new(),
-                prediction: prediction.to_vec(),
+                prediction: extras.prediction.to_vec(),
+                cache_salt: extras.cache_salt.map(str::to_string),
             })?;
             seqs.push(Sequence {
                 index,

@@ -29,6 +29,10 @@ pub const MAX_BAD_WORDS_BYTES: usize = (MAX_BAD_WORD_TOKENS - MAX_BAD_WORDS) / 2
 // per byte, tokenized with and without a space.
 const _: () = assert!(2 * MAX_BAD_WORDS_BYTES + MAX_BAD_WORDS <= MAX_BAD_WORD_TOKENS);
 
+/// Most bytes of a `cache_salt`: a salt is a secret of a tenant (a key's
+/// worth of random text), and each engine request keeps a copy.
+pub const MAX_CACHE_SALT_BYTES: usize = 1024;
+
 /// 400 unless `value <= limit`, naming the field, both numbers and the
 /// `[server]` key that sets the limit.
 pub fn at_most(
@@ -277,6 +281,16 @@ pub fn check_sampling(body: &Value, config: &ServerConfig) -> Result<(), ApiErro
             "stop token ids",
             config.max_stop_token_ids,
             key,
+        )?;
+    }
+    if let Some(salt) = body.get("cache_salt").and_then(Value::as_str) {
+        let why = "a salt is a secret, not a text; a random 32 bytes is plenty";
+        at_most_fixed(
+            "cache_salt",
+            len(salt.len()),
+            "bytes",
+            MAX_CACHE_SALT_BYTES,
+            why,
         )?;
     }
     if let Some(bias) = body.get("logit_bias").and_then(Value::as_object) {

@@ -236,6 +236,9 @@ pub struct SamplingRequest {
     pub vllm_xargs: Option<serde_json::Map<String, Value>>,
     /// Scheduling priority under the priority policy (smaller runs first).
     pub priority: Option<i32>,
+    /// vLLM's `cache_salt`: prefix-cache blocks are shared only between
+    /// requests with the same salt (a non-empty string).
+    pub cache_salt: Option<String>,
     /// vLLM's prompt logprobs: per prompt token (from the second), its
     /// logprob and rank and this many most likely tokens (0..=20). Not
     /// with `stream` (as in vLLM).

@@ -107,6 +107,7 @@ mod tests {
             priority: 0,
             output_token_ids: Vec::new(),
             prediction: Vec::new(),
+            cache_salt: None,
         }
     }
 
