@@ -596,3 +596,81 @@ fn a_cache_salt_shares_cached_prefixes_with_the_same_salt_alone() {
         assert!(r.text().contains(why), "{}", r.text());
     }
 }
+
+/// vLLM's `truncate_prompt_tokens`: a prompt keeps its last k tokens, so
+/// the answer is the one to those tokens sent alone; a prompt longer than
+/// the context runs once cut, text or token ids, on completions and chat;
+/// a bad value is a 400 naming the field.
+#[test]
+fn truncate_prompt_tokens_keeps_the_prompts_end() {
+    let server = Server::start(&["--set", "model.max_model_len=256"]);
+    let long = "The lighthouse keeper counted the ships that passed each night. ".repeat(30);
+    let tokens = |body: serde_json::Value| -> Vec<u64> {
+        let r = server.post("/tokenize", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        serde_json::from_value(r.json()["tokens"].clone()).unwrap()
+    };
+    let ids = tokens(json!({"prompt": long}));
+    assert!(ids.len() > 300, "{} tokens", ids.len());
+    let last = |n: usize| &ids[ids.len() - n..];
+    let complete = |body: serde_json::Value| {
+        let r = server.post("/v1/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    };
+    let greedy = json!({"max_tokens": 8, "temperature": 0, "echo": true});
+    let with = |fields: serde_json::Value| {
+        let mut body = greedy.clone();
+        body.as_object_mut()
+            .unwrap()
+            .extend(fields.as_object().unwrap().clone());
+        body
+    };
+    let r = server.post("/v1/completions", &with(json!({"prompt": long})));
+    assert_eq!(r.status, 400, "too long without truncation: {}", r.text());
+
+    let want = complete(with(json!({"prompt": last(100)})));
+    for prompt in [json!(long), json!(ids)] {
+        let got = complete(with(
+            json!({"prompt": prompt, "truncate_prompt_tokens": 100}),
+        ));
+        assert_eq!(got["usage"]["prompt_tokens"], 100, "{got}");
+        // The echo is the prompt the model saw, then the same answer.
+        assert_eq!(got["choices"][0]["text"], want["choices"][0]["text"]);
+    }
+
+    // Chat keeps the end of its rendered prompt: the last message and the
+    // assistant's turn.
+    let messages = json!([{"role": "system", "content": long},
+        {"role": "user", "content": "How many ships?"}]);
+    let chat_ids = tokens(json!({"messages": messages}));
+    let r = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": messages, "max_tokens": 8, "temperature": 0,
+            "truncate_prompt_tokens": 60}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let chat = r.json();
+    assert_eq!(chat["usage"]["prompt_tokens"], 60, "{chat}");
+    let want = complete(json!({"prompt": &chat_ids[chat_ids.len() - 60..],
+        "max_tokens": 8, "temperature": 0}));
+    assert_eq!(
+        chat["choices"][0]["message"]["content"],
+        want["choices"][0]["text"]
+    );
+
+    // -1 keeps the whole context, which leaves no room for the answer;
+    // 0, -2 and more than the context are refused.
+    for (k, says) in [
+        (json!(-1), "256 tokens"),
+        (json!(0), "at least 1"),
+        (json!(-2), "at least 1"),
+        (json!(257), "at most 256"),
+    ] {
+        let body = with(json!({"prompt": long, "truncate_prompt_tokens": k}));
+        let r = server.post("/v1/completions", &body);
+        assert_eq!(r.status, 400, "{k}: {}", r.text());
+        assert_eq!(r.json()["error"]["param"], "truncate_prompt_tokens", "{k}");
+        assert!(r.text().contains(says), "{k}: {}", r.text());
+    }
+}

@@ -98,6 +98,7 @@ const FIELDS: &[&str] = &[
     "structured_outputs",
     "prediction",
     "cache_salt",
+    "truncate_prompt_tokens",
     "user",
     // /tokenize, /detokenize and /v1/responses.
     "tokens",

@@ -161,6 +161,7 @@ for name, kwargs, param in [
     ("unknown previous", {"previous_response_id": "resp_nope"}, "previous_response_id"),
     ("max_output_tokens 0", {"max_output_tokens": 0}, "max_output_tokens"),
     ("reasoning item", {"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
+    ("prompt truncation", {"extra_body": {"truncate_prompt_tokens": 5}}, "truncate_prompt_tokens"),
 ]:
     args = {"input": question, **greedy} | kwargs
     try:

@@ -64,7 +64,7 @@ pub async fn create(
         .apply_chat_template(&messages, req.add_generation_prompt)
         .map_err(|e| ApiError::field("messages", e))?;
     // The template writes the special tokens itself, unless asked otherwise.
-    let prompt = app
+    let mut prompt = app
         .tokenizer
         .encode(&text, req.add_special_tokens)
         .map_err(|e| ApiError::field("messages", e))?;
@@ -85,8 +85,16 @@ pub async fn create(
         &app.tokenizer,
     )?;
     let max_model_len = app.client.max_model_len();
+    // Truncation keeps the prompt's end: the last messages and the
+    // assistant's turn the template opens.
+    let keep = params::truncation(&sampling, max_model_len)?;
+    params::truncate_prompt(&mut prompt, keep);
     let max_tokens = (sampling.max_tokens_field(), params.max_tokens);
-    limits::check_context("messages", prompt.len(), max_tokens, max_model_len)?;
+    let field = match keep {
+        Some(_) => "truncate_prompt_tokens",
+        None => "messages",
+    };
+    limits::check_context(field, prompt.len(), max_tokens, max_model_len)?;
     // No answer reaches past max_tokens, so neither does a draft: each of
     // the `n` engine requests gets a copy of no more than it can use.
     prediction.truncate(params.max_tokens as usize);

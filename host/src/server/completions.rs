@@ -70,7 +70,8 @@ pub async fn create(
         params.prompt_logprobs = Some(params.prompt_logprobs.map_or(k, |p| p.max(k)));
     }
     let inputs = params::prompts_of(&req.prompt)?;
-    let echo_texts: Vec<String> = if req.echo {
+    let keep = params::truncation(&sampling, max_model_len)?;
+    let mut echo_texts: Vec<String> = if req.echo {
         inputs
             .iter()
             .map(|p| match p {
@@ -81,17 +82,23 @@ pub async fn create(
     } else {
         Vec::new()
     };
-    let prompts = inputs
+    let mut prompts = inputs
         .into_iter()
         .map(|p| app.tokenize_prompt(p, req.add_special_tokens))
         .collect::<Result<Vec<_>, _>>()?;
+    for (i, prompt) in prompts.iter_mut().enumerate() {
+        if params::truncate_prompt(prompt, keep) && req.echo {
+            // The echo is the prompt the model saw.
+            echo_texts[i] = app.tokenizer.decode(prompt, false).unwrap_or_default();
+        }
+    }
     let one = prompts.len() == 1;
     let max_tokens = (sampling.max_tokens_field(), params.max_tokens);
     for (i, prompt) in prompts.iter().enumerate() {
-        let field = if one {
-            "prompt".to_string()
-        } else {
-            format!("prompt[{i}]")
+        let field = match (keep, one) {
+            (Some(_), _) => "truncate_prompt_tokens".to_string(),
+            (None, true) => "prompt".to_string(),
+            (None, false) => format!("prompt[{i}]"),
         };
         limits::check_context(&field, prompt.len(), max_tokens, max_model_len)?;
     }

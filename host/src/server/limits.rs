@@ -126,6 +126,12 @@ pub fn check_completion(
     config: &ServerConfig,
     max_model_len: usize,
 ) -> Result<(), ApiError> {
+    // A prompt cut to its last tokens may be longer than the context: its
+    // ids are held to the body's size alone.
+    let max_model_len = match body.get("truncate_prompt_tokens") {
+        Some(v) if !v.is_null() => usize::MAX,
+        _ => max_model_len,
+    };
     match body.get("prompt") {
         Some(Value::String(s)) => prompt_bytes("prompt", len(s.len()), config)?,
         // A flat list of numbers is one prompt of token ids.

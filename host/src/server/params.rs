@@ -70,6 +70,38 @@ impl SamplingVocab for Tokenizer {
     }
 }
 
+/// How many of a prompt's last tokens a request keeps (vLLM's
+/// `truncate_prompt_tokens`): `None` keeps the prompt whole; -1 keeps the
+/// model's context (`max_model_len`), as vLLM reads it. 0, other negative
+/// values and more than the context are refused, naming the field.
+pub fn truncation(req: &SamplingRequest, max_model_len: usize) -> Result<Option<usize>, ApiError> {
+    let field = "truncate_prompt_tokens";
+    match req.truncate_prompt_tokens {
+        None => Ok(None),
+        Some(-1) => Ok(Some(max_model_len)),
+        Some(k) if k >= 1 && k as u64 <= max_model_len as u64 => Ok(Some(k as usize)),
+        Some(k) if k >= 1 => Err(ApiError::field(
+            field,
+            format!(
+                "is {k}, more than the model's context (max_model_len) of {max_model_len} tokens; \
+                 set it to at most {max_model_len}, or to -1 for the whole context"
+            ),
+        )),
+        Some(k) => Err(ApiError::field(
+            field,
+            format!("is {k}; it must be at least 1, or -1 for the model's context"),
+        )),
+    }
+}
+
+/// Keeps the last `keep` tokens of `prompt` (all of them for `None`);
+/// returns whether any were dropped.
+pub fn truncate_prompt(prompt: &mut Vec<u32>, keep: Option<usize>) -> bool {
+    let drop = keep.map_or(0, |k| prompt.len().saturating_sub(k));
+    prompt.drain(..drop);
+    drop > 0
+}
+
 /// The sampling parameters of a request, validated. `logprobs` is the
 /// endpoint's own reading of its logprobs fields; `default_max_tokens` is
 /// used when the request sets neither `max_tokens` nor

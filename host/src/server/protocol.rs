@@ -239,6 +239,9 @@ pub struct SamplingRequest {
     /// vLLM's `cache_salt`: prefix-cache blocks are shared only between
     /// requests with the same salt (a non-empty string).
     pub cache_salt: Option<String>,
+    /// vLLM's `truncate_prompt_tokens`: keep only the prompt's last this
+    /// many tokens (-1: the model's context), see `params::truncation`.
+    pub truncate_prompt_tokens: Option<i64>,
     /// vLLM's prompt logprobs: per prompt token (from the second), its
     /// logprob and rank and this many most likely tokens (0..=20). Not
     /// with `stream` (as in vLLM).

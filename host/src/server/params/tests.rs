@@ -297,3 +297,37 @@ fn seeds_take_every_64_bit_integer_signed_or_not() {
         assert!(e.message.contains("integer"), "{bad}: {}", e.message);
     }
 }
+
+#[test]
+fn truncation_keeps_the_prompts_last_tokens_as_vllm_reads_the_field() {
+    let keep = |v: Value| {
+        let req = typed::<SamplingRequest>(&json!({ "truncate_prompt_tokens": v }))?;
+        truncation(&req, 100)
+    };
+    assert_eq!(keep(Value::Null).unwrap(), None);
+    assert_eq!(keep(json!(3)).unwrap(), Some(3));
+    assert_eq!(keep(json!(100)).unwrap(), Some(100));
+    assert_eq!(keep(json!(-1)).unwrap(), Some(100), "-1 is the context");
+    for (bad, says) in [
+        (json!(0), "at least 1"),
+        (json!(-2), "at least 1"),
+        (json!(101), "at most 100"),
+        (json!(i64::MAX), "at most 100"),
+        (json!("3"), "truncate_prompt_tokens"),
+    ] {
+        let e = keep(bad.clone()).unwrap_err();
+        assert_eq!(
+            e.param.as_deref(),
+            Some("truncate_prompt_tokens"),
+            "{bad}: {e:?}"
+        );
+        assert!(e.message.contains(says), "{bad}: {e:?}");
+    }
+    let mut prompt = vec![1, 2, 3, 4, 5];
+    assert!(truncate_prompt(&mut prompt, Some(2)));
+    assert_eq!(prompt, [4, 5]);
+    assert!(!truncate_prompt(&mut prompt, Some(2)));
+    assert!(!truncate_prompt(&mut prompt, Some(9)));
+    assert!(!truncate_prompt(&mut prompt, None));
+    assert_eq!(prompt, [4, 5]);
+}
