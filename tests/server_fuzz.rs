@@ -99,6 +99,8 @@ const FIELDS: &[&str] = &[
     "prediction",
     "cache_salt",
     "truncate_prompt_tokens",
+    "return_token_ids",
+    "return_tokens_as_token_ids",
     "user",
     // /tokenize, /detokenize and /v1/responses.
     "tokens",

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::fields::{self, Endpoint};
-use super::generate::{self, Choice};
+use super::generate::{self, Choice, TokenNames};
 use super::limits;
 use super::params;
 use super::prediction;
@@ -104,6 +104,10 @@ pub async fn create(
         prediction: &prediction,
         ..generate::Extras::of(&sampling)?
     };
+    let returned_prompt = req
+        .return_token_ids
+        .unwrap_or(false)
+        .then(|| prompt.clone());
     let seqs = generate::start(&app, &id, vec![prompt], &params, extras)
         .await
         .map_err(|mut e| {
@@ -124,6 +128,9 @@ pub async fn create(
         app: app.clone(),
         tools: tools.filter(ToolRequest::may_call),
         streams: Vec::new(),
+        prompt_token_ids: returned_prompt,
+        as_ids: req.return_tokens_as_token_ids.unwrap_or(false),
+        unsent_ids: Vec::new(),
     };
     if req.stream {
         let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
@@ -139,6 +146,9 @@ pub async fn create(
     let mut object = format.object("chat.completion", choices, Some(usage));
     if let Some(p) = prompt_logprobs {
         object["prompt_logprobs"] = p;
+    }
+    if let Some(ids) = &format.prompt_token_ids {
+        object["prompt_token_ids"] = json!(ids);
     }
     Ok(Json(object).into_response())
 }
@@ -195,6 +205,14 @@ struct Format {
     tools: Option<ToolRequest>,
     /// Each streamed choice's tool-call state, by index.
     streams: Vec<StreamedAnswer>,
+    /// The prompt's token ids, when the request asked for them (vLLM's
+    /// `return_token_ids`): then each choice carries its `token_ids` too.
+    prompt_token_ids: Option<Vec<u32>>,
+    /// vLLM's `return_tokens_as_token_ids`.
+    as_ids: bool,
+    /// Each streamed choice's tokens not yet sent in a chunk (held back
+    /// with a tool answer's text), by index.
+    unsent_ids: Vec<Vec<u32>>,
 }
 
 impl Format {
@@ -215,13 +233,17 @@ impl Format {
             }
             _ => json!({"role": "assistant", "content": c.text}),
         };
-        json!({
+        let mut choice = json!({
             "index": c.index,
             "message": message,
             "logprobs": self.logprobs(&c.token_ids, &c.logprobs),
             "finish_reason": finish.as_ref().map(|f| f.finish_reason.clone()),
             "stop_reason": finish.and_then(|f| f.stop_reason),
-        })
+        });
+        if self.prompt_token_ids.is_some() {
+            choice["token_ids"] = json!(c.token_ids);
+        }
+        choice
     }
 
     /// A stream chunk of choice `index` with `delta`.
@@ -240,7 +262,12 @@ impl Format {
     /// entries as [`generate::token_logprobs`]); `null` when none were
     /// asked for.
     fn logprobs(&self, ids: &[u32], logprobs: &[Logprobs]) -> Value {
-        content_logprobs(generate::token_logprobs(&self.app.tokenizer, ids, logprobs))
+        content_logprobs(generate::token_logprobs(self.names(), ids, logprobs))
+    }
+
+    /// How the logprobs name tokens.
+    fn names(&self) -> TokenNames<'_> {
+        TokenNames::new(&self.app.tokenizer, self.as_ids)
     }
 }
 
@@ -256,10 +283,35 @@ fn content_logprobs(entries: Vec<Value>) -> Value {
 impl ChunkFormat for Format {
     fn opening(&self, index: usize) -> Option<Value> {
         let choice = json!({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
-        Some(self.object("chat.completion.chunk", vec![choice], None))
+        let mut chunk = self.object("chat.completion.chunk", vec![choice], None);
+        if let Some(ids) = &self.prompt_token_ids {
+            chunk["prompt_token_ids"] = json!(ids);
+        }
+        Some(chunk)
     }
 
     fn delta(&mut self, index: usize, delta: &Delta) -> Option<Value> {
+        if self.prompt_token_ids.is_none() {
+            return self.delta_chunk(index, delta);
+        }
+        if self.unsent_ids.len() <= index {
+            self.unsent_ids.resize_with(index + 1, Vec::new);
+        }
+        self.unsent_ids[index].extend_from_slice(&delta.token_ids);
+        let mut chunk = self.delta_chunk(index, delta)?;
+        chunk["choices"][0]["token_ids"] = json!(std::mem::take(&mut self.unsent_ids[index]));
+        Some(chunk)
+    }
+
+    fn usage(&self, usage: Usage) -> Value {
+        self.object("chat.completion.chunk", Vec::new(), Some(usage))
+    }
+}
+
+impl Format {
+    /// The chunk carrying one delta of choice `index`, if it is sent now
+    /// (see [`ChunkFormat::delta`]).
+    fn delta_chunk(&mut self, index: usize, delta: &Delta) -> Option<Value> {
         let finish = delta.finish.as_ref();
         let Some(tools) = &self.tools else {
             let logprobs = self.logprobs(&delta.token_ids, &delta.logprobs);
@@ -268,8 +320,7 @@ impl ChunkFormat for Format {
         if self.streams.len() <= index {
             self.streams.resize_with(index + 1, StreamedAnswer::default);
         }
-        let entries =
-            generate::token_logprobs(&self.app.tokenizer, &delta.token_ids, &delta.logprobs);
+        let entries = generate::token_logprobs(self.names(), &delta.token_ids, &delta.logprobs);
         let state = &mut self.streams[index];
         let (events, mut logprobs) = match state.push(tools, &delta.text, entries) {
             Piece::Text { text, logprobs } => {
@@ -299,9 +350,5 @@ impl ChunkFormat for Format {
             finish.clone()
         };
         Some(self.chunk(index, delta, logprobs, Some(&finish)))
-    }
-
-    fn usage(&self, usage: Usage) -> Value {
-        self.object("chat.completion.chunk", Vec::new(), Some(usage))
     }
 }

@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::fields::{self, Endpoint};
-use super::generate::{self, clamp_logprob, prompt_logprobs_json, token_text, Choice};
+use super::generate::{self, clamp_logprob, prompt_logprobs_json, Choice, TokenNames};
 use super::limits;
 use super::params::{self, PromptInput};
 use super::protocol::{CompletionRequest, SamplingRequest, Usage};
@@ -104,11 +104,15 @@ pub async fn create(
     }
     app.constrain(&mut params, constraint, &sampling).await?;
     let id = app.next_request_id("cmpl");
-    let echo = req.echo.then(|| Echo {
-        texts: echo_texts,
-        token_ids: prompts.clone(),
+    let return_token_ids = req.return_token_ids.unwrap_or(false);
+    let prompt_ids = Prompts {
+        token_ids: match req.echo || return_token_ids {
+            true => prompts.clone(),
+            false => Vec::new(),
+        },
         n: params.n.max(1) as usize,
-    });
+    };
+    let echo = req.echo.then_some(echo_texts);
     let extras = generate::Extras::of(&sampling)?;
     let mut seqs = generate::start(&app, &id, prompts, &params, extras).await?;
     if prompt_only {
@@ -121,8 +125,11 @@ pub async fn create(
         app: app.clone(),
         logprobs: req.logprobs,
         prompt_logprobs: sampling.prompt_logprobs,
+        prompts: prompt_ids,
         echo,
-        echoed: Vec::new(),
+        return_token_ids,
+        as_ids: req.return_tokens_as_token_ids.unwrap_or(false),
+        first_sent: Vec::new(),
     };
     if req.stream {
         let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
@@ -161,14 +168,20 @@ impl AppState {
     }
 }
 
-/// What `echo` prepends: each prompt's text and tokens.
-struct Echo {
-    /// The prompts as sent (token-id prompts decoded).
-    texts: Vec<String>,
-    /// Their tokens.
+/// The prompts' tokens, kept when the answer shows them (`echo`,
+/// `return_token_ids`).
+struct Prompts {
+    /// Each prompt's token ids; empty when not kept.
     token_ids: Vec<Vec<u32>>,
     /// Choices per prompt: choice `i` answers prompt `i / n`.
     n: usize,
+}
+
+impl Prompts {
+    /// The token ids of the prompt choice `index` answers, if kept.
+    fn of(&self, index: usize) -> Option<&Vec<u32>> {
+        self.token_ids.get(index / self.n)
+    }
 }
 
 /// Words the answer's objects.
@@ -180,10 +193,17 @@ struct Format {
     logprobs: Option<u32>,
     /// The request's `prompt_logprobs`.
     prompt_logprobs: Option<u32>,
-    /// The prompts, when the request asked for `echo`.
-    echo: Option<Echo>,
-    /// Which choices' streams have echoed their prompt, by index.
-    echoed: Vec<bool>,
+    /// The prompts' tokens, when echoed or returned.
+    prompts: Prompts,
+    /// The prompts' texts (token-id prompts decoded), when echoed.
+    echo: Option<Vec<String>>,
+    /// vLLM's `return_token_ids`.
+    return_token_ids: bool,
+    /// vLLM's `return_tokens_as_token_ids`.
+    as_ids: bool,
+    /// Which choices' streams have sent their first chunk (the one that
+    /// echoes and returns the prompt), by index.
+    first_sent: Vec<bool>,
 }
 
 impl Format {
@@ -198,22 +218,22 @@ impl Format {
         })
     }
 
-    /// Choice `c`, its prompt echoed first when `echo_now` (the whole
-    /// answer, or a stream's first chunk of the choice) and asked for.
-    fn choice(&self, c: &Choice, echo_now: bool) -> Value {
+    /// Choice `c`; when `first` (the whole answer, or a stream's first
+    /// chunk of the choice), its prompt echoed first and its prompt's
+    /// token ids returned, where asked for.
+    fn choice(&self, c: &Choice, first: bool) -> Value {
         let finish = c.finish.as_ref();
-        let echo = self.echo.as_ref().filter(|_| echo_now);
-        let prompt = echo.map(|e| {
-            let p = (c.index / e.n).min(e.token_ids.len().saturating_sub(1));
-            (e.texts.get(p), e.token_ids.get(p))
-        });
-        let text = match prompt {
-            Some((Some(p), _)) => format!("{p}{}", c.text),
-            _ => c.text.clone(),
+        let prompt_ids = self.prompts.of(c.index).filter(|_| first);
+        let echo = self
+            .echo
+            .as_ref()
+            .filter(|_| first)
+            .and_then(|texts| texts.get(c.index / self.prompts.n));
+        let text = match echo {
+            Some(p) => format!("{p}{}", c.text),
+            None => c.text.clone(),
         };
-        let echoed_ids = prompt
-            .and_then(|(_, ids)| ids)
-            .filter(|_| self.logprobs.is_some());
+        let echoed_ids = prompt_ids.filter(|_| echo.is_some() && self.logprobs.is_some());
         let logprobs = (!c.logprobs.is_empty() || echoed_ids.is_some()).then(|| {
             let empty = Vec::new();
             let prompt_lps = c.prompt_logprobs.as_ref().unwrap_or(&empty);
@@ -228,6 +248,10 @@ impl Format {
         });
         if let (Some(k), Some(entries)) = (self.prompt_logprobs, &c.prompt_logprobs) {
             choice["prompt_logprobs"] = prompt_logprobs_json(self.tokenizer(), entries, k);
+        }
+        if self.return_token_ids {
+            choice["prompt_token_ids"] = json!(prompt_ids);
+            choice["token_ids"] = json!(c.token_ids);
         }
         choice
     }
@@ -245,7 +269,8 @@ impl Format {
         logprobs: &[Logprobs],
     ) -> Value {
         let k = self.logprobs.unwrap_or(0) as usize;
-        let tok = |t: u32| token_text(self.tokenizer(), t);
+        let names = TokenNames::new(self.tokenizer(), self.as_ids);
+        let tok = |t: u32| names.name(t);
         let mut tokens = Vec::new();
         let mut token_logprobs = Vec::new();
         let mut top = Vec::new();
@@ -305,13 +330,11 @@ impl ChunkFormat for Format {
             finish: delta.finish.clone(),
             prediction_tokens: delta.prediction_tokens,
         };
-        // The prompt is echoed in each choice's first chunk.
-        let first = self.echo.is_some() && {
-            if self.echoed.len() <= index {
-                self.echoed.resize(index + 1, false);
-            }
-            !std::mem::replace(&mut self.echoed[index], true)
-        };
+        // The prompt is echoed and returned in each choice's first chunk.
+        if self.first_sent.len() <= index {
+            self.first_sent.resize(index + 1, false);
+        }
+        let first = !std::mem::replace(&mut self.first_sent[index], true);
         Some(self.object(vec![self.choice(&choice, first)], None))
     }
 

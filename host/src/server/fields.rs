@@ -99,8 +99,6 @@ const UNSUPPORTED: &[(&str, Neutral, &str)] = &[
         "per-request logits processors are not supported; load a plugin (docs/plugins.md) and pass its arguments in extra_args",
     ),
     ("spaces_between_special_tokens", unset_or_true, "`false` is not supported; only the default, `true`"),
-    ("return_tokens_as_token_ids", unset, "is not supported; logprobs name tokens by their text"),
-    ("return_token_ids", unset, "returning token ids is not supported"),
     ("chat_template", unset, "per-request chat templates are not supported; the model's own template is used"),
     ("chat_template_kwargs", unset, "chat template arguments are not supported"),
     ("documents", unset, "documents are not supported (the chat template is not given them); put them in a message"),
@@ -412,8 +410,6 @@ mod tests {
             ("length_penalty", json!(0.5), json!(1.0)),
             ("logits_processors", json!(["m.P"]), json!(null)),
             ("spaces_between_special_tokens", json!(false), json!(true)),
-            ("return_tokens_as_token_ids", json!(true), json!(false)),
-            ("return_token_ids", json!(true), json!(null)),
             ("chat_template", json!("{{ x }}"), json!(null)),
             ("chat_template_kwargs", json!({"k": 1}), json!({})),
             ("documents", json!([{"text": "d"}]), json!(null)),
@@ -583,7 +579,7 @@ mod tests {
             "skip_special_tokens": true, "extra_args": {}, "vllm_xargs": {}, "priority": 0, "cache_salt": "s", "truncate_prompt_tokens": 9,
             "user": "u", "metadata": {}, "safety_identifier": "s", "prompt_cache_key": "k",
             "service_tier": "auto", "parallel_tool_calls": false, "include_reasoning": true,
-            "echo": false,
+            "echo": false, "return_token_ids": false, "return_tokens_as_token_ids": true,
         });
         assert_eq!(
             ignored_fields(&completion, Endpoint::Completions),

@@ -308,12 +308,35 @@ pub fn token_text(tokenizer: &Tokenizer, id: u32) -> String {
         .unwrap_or_else(|_| format!("<token {id}>"))
 }
 
+/// How the logprobs fields name a token: by its text, or `token_id:<id>`
+/// (vLLM's `return_tokens_as_token_ids`).
+#[derive(Clone, Copy)]
+pub struct TokenNames<'a> {
+    tokenizer: &'a Tokenizer,
+    as_ids: bool,
+}
+
+impl<'a> TokenNames<'a> {
+    /// Names tokens by their text, or by id when `as_ids`.
+    pub fn new(tokenizer: &'a Tokenizer, as_ids: bool) -> Self {
+        TokenNames { tokenizer, as_ids }
+    }
+
+    /// Token `id`'s name.
+    pub fn name(&self, id: u32) -> String {
+        match self.as_ids {
+            true => format!("token_id:{id}"),
+            false => token_text(self.tokenizer, id),
+        }
+    }
+}
+
 /// Generated tokens' logprobs as the chat and Responses APIs give them:
-/// per token its text, `logprob` and UTF-8 `bytes`, and its `top_logprobs`
-/// alternatives likewise.
-pub fn token_logprobs(tokenizer: &Tokenizer, ids: &[u32], logprobs: &[Logprobs]) -> Vec<Value> {
+/// per token its name, `logprob` and the name's UTF-8 `bytes`, and its
+/// `top_logprobs` alternatives likewise.
+pub fn token_logprobs(names: TokenNames, ids: &[u32], logprobs: &[Logprobs]) -> Vec<Value> {
     let entry = |id: u32, logprob: f32| {
-        let token = token_text(tokenizer, id);
+        let token = names.name(id);
         json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()})
     };
     ids.iter()

@@ -56,6 +56,16 @@ pub struct CompletionRequest {
     /// `grammar`, `json_object`); read by `structured::from_fields`.
     #[serde(default)]
     pub structured_outputs: Option<Value>,
+    /// vLLM's `return_token_ids`: the answer carries the prompt's token
+    /// ids and each choice's generated ones (`prompt_token_ids`,
+    /// `token_ids`; streamed, the prompt's in the first chunk).
+    #[serde(default)]
+    pub return_token_ids: Option<bool>,
+    /// vLLM's `return_tokens_as_token_ids`: logprobs name tokens
+    /// `token_id:<id>` instead of by their text (which a token that ends
+    /// inside a UTF-8 character does not have).
+    #[serde(default)]
+    pub return_tokens_as_token_ids: Option<bool>,
 }
 
 /// Message content: a string, or a list of parts of which only `text`
@@ -150,6 +160,16 @@ pub struct ChatCompletionRequest {
     /// read by `server::prediction`, which checks its shape.
     #[serde(default)]
     pub prediction: Option<Value>,
+    /// vLLM's `return_token_ids`: the answer carries the prompt's token
+    /// ids and each choice's generated ones (`prompt_token_ids`,
+    /// `token_ids`; streamed, the prompt's in the first chunk).
+    #[serde(default)]
+    pub return_token_ids: Option<bool>,
+    /// vLLM's `return_tokens_as_token_ids`: logprobs name tokens
+    /// `token_id:<id>` instead of by their text (which a token that ends
+    /// inside a UTF-8 character does not have).
+    #[serde(default)]
+    pub return_tokens_as_token_ids: Option<bool>,
 }
 
 fn yes() -> bool {

@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::object::{part, Record, Status};
-use crate::server::generate::{token_logprobs, Sequence};
+use crate::server::generate::{token_logprobs, Sequence, TokenNames};
 use crate::server::tools::{
     call_id, Answer, CallEvent, Piece, StreamedAnswer, ToolCall, ToolRequest,
 };
@@ -271,8 +271,11 @@ pub async fn drive(
                 Some(Ok(delta)) => {
                     output_tokens += delta.token_ids.len();
                     record.text.push_str(&delta.text);
-                    let logprobs =
-                        token_logprobs(&app.tokenizer, &delta.token_ids, &delta.logprobs);
+                    let logprobs = token_logprobs(
+                        TokenNames::new(&app.tokenizer, false),
+                        &delta.token_ids,
+                        &delta.logprobs,
+                    );
                     record.logprobs.extend(logprobs.iter().cloned());
                     if let Some(finish) = &delta.finish {
                         record.status = match finish.finish_reason.as_str() {
