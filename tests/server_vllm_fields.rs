@@ -3,7 +3,8 @@
 //! server's prefix-cache counters), `truncate_prompt_tokens` (checked
 //! against the same request with the kept tokens sent alone),
 //! `return_token_ids` and `return_tokens_as_token_ids` (checked against
-//! `/tokenize`, the text and the usage, streamed and not).
+//! `/tokenize`, the text and the usage, streamed and not), and
+//! `continue_final_message` (against the prompt `/tokenize` renders).
 
 use crate::harness::{chunks, Server};
 use serde_json::{json, Value};
@@ -302,4 +303,49 @@ fn token_ids_are_returned_and_name_the_logprobs_tokens() {
             .collect();
         assert_eq!(streamed_ids, token_ids, "tools {}", body["tools"]);
     }
+}
+
+/// `continue_final_message`: the model continues the last message (a
+/// prefilled answer) instead of starting a new turn, so the answer is
+/// the completion of the prompt `/tokenize` renders for the same messages
+/// (checked there against jinja2); with `add_generation_prompt` left on,
+/// a 400 naming the field.
+#[test]
+fn chat_continues_the_final_message_when_asked() {
+    let server = Server::start(&[]);
+    let messages = json!([{"role": "user", "content": "Write a sentence about the moon."},
+        {"role": "assistant", "content": "The moon is"}]);
+    let open = json!({"messages": messages, "add_generation_prompt": false,
+        "continue_final_message": true});
+    let r = server.post("/tokenize", &open);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let prompt = ids(&r.json()["tokens"]);
+    let mut chat = open.clone();
+    chat["max_tokens"] = json!(10);
+    chat["temperature"] = json!(0);
+    let r = server.post("/v1/chat/completions", &chat);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let answer = r.json();
+    assert_eq!(answer["usage"]["prompt_tokens"], prompt.len());
+    let want = server.post(
+        "/v1/completions",
+        &json!({"prompt": prompt, "max_tokens": 10, "temperature": 0}),
+    );
+    assert_eq!(
+        answer["choices"][0]["message"]["content"],
+        want.json()["choices"][0]["text"]
+    );
+    // A new turn would answer something else.
+    let mut new_turn = chat.clone();
+    new_turn["continue_final_message"] = json!(false);
+    new_turn["add_generation_prompt"] = json!(true);
+    let r = server.post("/v1/chat/completions", &new_turn);
+    assert!(r.json()["usage"]["prompt_tokens"].as_u64().unwrap() > prompt.len() as u64);
+
+    chat.as_object_mut()
+        .unwrap()
+        .remove("add_generation_prompt");
+    let r = server.post("/v1/chat/completions", &chat);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "continue_final_message");
 }

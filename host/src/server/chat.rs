@@ -59,10 +59,12 @@ pub async fn create(
         limits::described_tools(&messages, &app.config)?;
     }
     let constraint = structured::or_tool_calls(constraint, tools.as_ref())?;
-    let text = app
-        .tokenizer
-        .apply_chat_template(&messages, req.add_generation_prompt)
-        .map_err(|e| ApiError::field("messages", e))?;
+    let text = params::render_chat(
+        &app.tokenizer,
+        &messages,
+        req.add_generation_prompt,
+        req.continue_final_message,
+    )?;
     // The template writes the special tokens itself, unless asked otherwise.
     let mut prompt = app
         .tokenizer

@@ -102,6 +102,59 @@ pub fn truncate_prompt(prompt: &mut Vec<u32>, keep: Option<usize>) -> bool {
     drop > 0
 }
 
+/// The chat prompt's text: `messages` rendered by the model's template,
+/// opening the assistant's turn when `add_generation_prompt`, or leaving
+/// the last message open for the model to continue when
+/// `continue_final_message` (as transformers does; the two exclude each
+/// other).
+pub fn render_chat(
+    tokenizer: &Tokenizer,
+    messages: &[ChatMessage],
+    add_generation_prompt: bool,
+    continue_final_message: bool,
+) -> Result<String, ApiError> {
+    if continue_final_message && add_generation_prompt {
+        return Err(ApiError::field(
+            "continue_final_message",
+            "cannot be true together with `add_generation_prompt` (true by default); \
+             set `add_generation_prompt: false`",
+        ));
+    }
+    let mut text = tokenizer
+        .apply_chat_template(messages, add_generation_prompt)
+        .map_err(|e| ApiError::field("messages", e))?;
+    if continue_final_message {
+        let last = messages.last().map_or("", |m| m.content.as_str());
+        let end = open_end(&text, last).ok_or_else(|| {
+            ApiError::field(
+                "continue_final_message",
+                "the chat template does not write the last message's text as it is, so it \
+                 cannot be left open; send a last message with text",
+            )
+        })?;
+        text.truncate(end);
+    }
+    Ok(text)
+}
+
+/// Where the rendered chat `text` is cut to leave its last message
+/// `content` open (what follows it, the end-of-turn marker, goes), as
+/// transformers' `continue_final_message` does: after the last occurrence
+/// of the content, whitespace at its end kept when the template kept it.
+fn open_end(text: &str, content: &str) -> Option<usize> {
+    let trimmed = content.trim();
+    if trimmed.is_empty() {
+        return None;
+    }
+    let at = text.rfind(trimmed)?;
+    let whole = content.trim_start();
+    Some(if text[at..].starts_with(whole) {
+        at + whole.len()
+    } else {
+        at + trimmed.len()
+    })
+}
+
 /// The sampling parameters of a request, validated. `logprobs` is the
 /// endpoint's own reading of its logprobs fields; `default_max_tokens` is
 /// used when the request sets neither `max_tokens` nor

@@ -160,6 +160,10 @@ pub struct ChatCompletionRequest {
     /// read by `server::prediction`, which checks its shape.
     #[serde(default)]
     pub prediction: Option<Value>,
+    /// Leave the last message open for the model to continue (a prefilled
+    /// answer); needs `add_generation_prompt: false`.
+    #[serde(default)]
+    pub continue_final_message: bool,
     /// vLLM's `return_token_ids`: the answer carries the prompt's token
     /// ids and each choice's generated ones (`prompt_token_ids`,
     /// `token_ids`; streamed, the prompt's in the first chunk).

@@ -175,52 +175,18 @@ fn tokenize_chat(app: &AppState, body: &Value) -> Result<(Vec<u32>, bool), ApiEr
     fields::check_message_fields(body)?;
     let req: TokenizeChatRequest = params::typed(body)?;
     app.check_model(req.model.as_deref())?;
-    if req.continue_final_message && req.add_generation_prompt {
-        return Err(ApiError::field(
-            "continue_final_message",
-            "cannot be true together with `add_generation_prompt` (true by default); \
-             set `add_generation_prompt: false`",
-        ));
-    }
     let messages = params::chat_messages(&req.messages)?;
-    let mut text = app
-        .tokenizer
-        .apply_chat_template(&messages, req.add_generation_prompt)
-        .map_err(|e| ApiError::field("messages", e))?;
-    if req.continue_final_message {
-        let last = messages.last().map_or("", |m| m.content.as_str());
-        let end = open_end(&text, last).ok_or_else(|| {
-            ApiError::field(
-                "continue_final_message",
-                "the chat template does not write the last message's text as it is, so it \
-                 cannot be left open; send a last message with text",
-            )
-        })?;
-        text.truncate(end);
-    }
+    let text = params::render_chat(
+        &app.tokenizer,
+        &messages,
+        req.add_generation_prompt,
+        req.continue_final_message,
+    )?;
     let ids = app
         .tokenizer
         .encode(&text, req.add_special_tokens)
         .map_err(|e| ApiError::field("messages", e))?;
     Ok((ids, req.return_token_strs))
-}
-
-/// Where the rendered chat `text` is cut to leave its last message
-/// `content` open (what follows it, the end-of-turn marker, goes), as
-/// transformers' `continue_final_message` does: after the last occurrence
-/// of the content, whitespace at its end kept when the template kept it.
-fn open_end(text: &str, content: &str) -> Option<usize> {
-    let trimmed = content.trim();
-    if trimmed.is_empty() {
-        return None;
-    }
-    let at = text.rfind(trimmed)?;
-    let whole = content.trim_start();
-    Some(if text[at..].starts_with(whole) {
-        at + whole.len()
-    } else {
-        at + trimmed.len()
-    })
 }
 
 /// `POST /detokenize`.
@@ -264,27 +230,4 @@ pub async fn detokenize(
         .decode(&req.tokens, false)
         .map_err(|e| ApiError::field("tokens", e))?;
     Ok(Json(DetokenizeResponse { prompt }))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_last_message_is_left_open_after_its_text() {
-        let text = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nOnce upon<|im_end|>\n";
-        let end = open_end(text, "Once upon").unwrap();
-        assert_eq!(
-            &text[..end],
-            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nOnce upon"
-        );
-        // Trailing whitespace the template stripped is not asked for.
-        let end = open_end(text, "Once upon  ").unwrap();
-        assert!(text[..end].ends_with("Once upon"));
-        // The last occurrence is the final message's.
-        let text = "a\nhi\nb\nhi\nc";
-        assert_eq!(open_end(text, "hi"), Some(9));
-        assert_eq!(open_end(text, ""), None);
-        assert_eq!(open_end(text, "absent"), None);
-    }
 }

@@ -331,3 +331,21 @@ fn truncation_keeps_the_prompts_last_tokens_as_vllm_reads_the_field() {
     assert!(!truncate_prompt(&mut prompt, None));
     assert_eq!(prompt, [4, 5]);
 }
+
+#[test]
+fn the_last_message_is_left_open_after_its_text() {
+    let text = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nOnce upon<|im_end|>\n";
+    let end = open_end(text, "Once upon").unwrap();
+    assert_eq!(
+        &text[..end],
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nOnce upon"
+    );
+    // Trailing whitespace the template stripped is not asked for.
+    let end = open_end(text, "Once upon  ").unwrap();
+    assert!(text[..end].ends_with("Once upon"));
+    // The last occurrence is the final message's.
+    let text = "a\nhi\nb\nhi\nc";
+    assert_eq!(open_end(text, "hi"), Some(9));
+    assert_eq!(open_end(text, ""), None);
+    assert_eq!(open_end(text, "absent"), None);
+}
