@@ -101,6 +101,7 @@ const FIELDS: &[&str] = &[
     "truncate_prompt_tokens",
     "return_token_ids",
     "return_tokens_as_token_ids",
+    "chat_template_kwargs",
     "user",
     // /tokenize, /detokenize and /v1/responses.
     "tokens",

@@ -4,7 +4,8 @@
 //! against the same request with the kept tokens sent alone),
 //! `return_token_ids` and `return_tokens_as_token_ids` (checked against
 //! `/tokenize`, the text and the usage, streamed and not), and
-//! `continue_final_message` (against the prompt `/tokenize` renders).
+//! `continue_final_message` (against the prompt `/tokenize` renders) and
+//! `chat_template_kwargs`.
 
 use crate::harness::{chunks, Server};
 use serde_json::{json, Value};
@@ -348,4 +349,58 @@ fn chat_continues_the_final_message_when_asked() {
     let r = server.post("/v1/chat/completions", &chat);
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(r.json()["error"]["param"], "continue_final_message");
+}
+
+/// `chat_template_kwargs`: clients written for templates that read them
+/// (Qwen3's `enable_thinking`) send them to every model; a template that
+/// does not read one renders as without it, as transformers does, on chat
+/// and `/tokenize` alike. A variable the server sets itself is refused.
+#[test]
+fn chat_template_kwargs_reach_the_template_and_unread_ones_change_nothing() {
+    let server = Server::start(&[]);
+    let messages = json!([{"role": "user", "content": "Say hello."}]);
+    let body = |kwargs: Value| {
+        json!({"messages": messages, "max_tokens": 8, "temperature": 0,
+            "chat_template_kwargs": kwargs})
+    };
+    let plain = server
+        .post("/v1/chat/completions", &body(Value::Null))
+        .json();
+    let r = server.post(
+        "/v1/chat/completions",
+        &body(json!({"enable_thinking": false, "documents": [{"text": "x"}]})),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let with = r.json();
+    assert_eq!(
+        with["choices"][0]["message"],
+        plain["choices"][0]["message"]
+    );
+    assert_eq!(with["usage"], plain["usage"]);
+    let tokenized = server.post(
+        "/tokenize",
+        &json!({"messages": messages, "chat_template_kwargs": {"enable_thinking": false}}),
+    );
+    assert_eq!(tokenized.json()["count"], plain["usage"]["prompt_tokens"]);
+    for (path, body) in [
+        (
+            "/v1/chat/completions",
+            body(json!({"add_generation_prompt": false})),
+        ),
+        (
+            "/tokenize",
+            json!({"messages": messages, "chat_template_kwargs": {"messages": []}}),
+        ),
+    ] {
+        let r = server.post(path, &body);
+        assert_eq!(r.status, 400, "{path}: {}", r.text());
+        let param = r.json()["error"]["param"].as_str().unwrap().to_string();
+        assert!(param.starts_with("chat_template_kwargs."), "{param}");
+    }
+    let r = server.post(
+        "/v1/chat/completions",
+        &body(json!(["not", "an", "object"])),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "chat_template_kwargs");
 }

@@ -64,6 +64,7 @@ pub async fn create(
         &messages,
         req.add_generation_prompt,
         req.continue_final_message,
+        req.chat_template_kwargs.as_ref(),
     )?;
     // The template writes the special tokens itself, unless asked otherwise.
     let mut prompt = app

@@ -210,6 +210,17 @@ pub fn check_messages(body: &Value, config: &ServerConfig) -> Result<(), ApiErro
         }
         prompt_bytes("messages", bytes, config)?;
     }
+    // A template may write its variables into the prompt.
+    if let Some(kwargs) = body.get("chat_template_kwargs") {
+        let bytes = json_len(kwargs);
+        at_most(
+            "chat_template_kwargs",
+            bytes,
+            "bytes as compact JSON",
+            config.max_prompt_bytes,
+            "max_prompt_bytes",
+        )?;
+    }
     Ok(())
 }
 

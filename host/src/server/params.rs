@@ -10,7 +10,7 @@ use super::fields::{FUNCTIONS, IGNORED_NAME_CHARS};
 use super::protocol::{MessageContent, RequestMessage, SamplingRequest, StopField};
 use super::tools;
 use crate::sampling::{SamplingParams, SamplingParamsError};
-use crate::tokenizer::{ChatMessage, Tokenizer};
+use crate::tokenizer::{ChatMessage, TemplateKwargs, Tokenizer, RESERVED_VARIABLES};
 
 /// Parses the body as a JSON object (the caller reads the typed parts from
 /// it with [`typed`]).
@@ -112,6 +112,7 @@ pub fn render_chat(
     messages: &[ChatMessage],
     add_generation_prompt: bool,
     continue_final_message: bool,
+    kwargs: Option<&TemplateKwargs>,
 ) -> Result<String, ApiError> {
     if continue_final_message && add_generation_prompt {
         return Err(ApiError::field(
@@ -120,8 +121,19 @@ pub fn render_chat(
              set `add_generation_prompt: false`",
         ));
     }
+    let no_kwargs = TemplateKwargs::new();
+    let kwargs = kwargs.unwrap_or(&no_kwargs);
+    if let Some(key) = kwargs
+        .keys()
+        .find(|k| RESERVED_VARIABLES.contains(&k.as_str()))
+    {
+        return Err(ApiError::field(
+            &format!("chat_template_kwargs.{key}"),
+            "is set by the server from the request; leave it out",
+        ));
+    }
     let mut text = tokenizer
-        .apply_chat_template(messages, add_generation_prompt)
+        .apply_chat_template_with(messages, add_generation_prompt, kwargs)
         .map_err(|e| ApiError::field("messages", e))?;
     if continue_final_message {
         let last = messages.last().map_or("", |m| m.content.as_str());

@@ -164,6 +164,11 @@ pub struct ChatCompletionRequest {
     /// answer); needs `add_generation_prompt: false`.
     #[serde(default)]
     pub continue_final_message: bool,
+    /// Variables for the chat template (vLLM's `chat_template_kwargs`,
+    /// such as `enable_thinking`); a template ignores those it does not
+    /// read, as transformers' does.
+    #[serde(default)]
+    pub chat_template_kwargs: Option<crate::tokenizer::TemplateKwargs>,
     /// vLLM's `return_token_ids`: the answer carries the prompt's token
     /// ids and each choice's generated ones (`prompt_token_ids`,
     /// `token_ids`; streamed, the prompt's in the first chunk).

@@ -51,6 +51,9 @@ pub struct TokenizeChatRequest {
     /// `add_generation_prompt: false`).
     #[serde(default)]
     pub continue_final_message: bool,
+    /// Variables for the chat template (vLLM's `chat_template_kwargs`).
+    #[serde(default)]
+    pub chat_template_kwargs: Option<crate::tokenizer::TemplateKwargs>,
     /// Add the tokenizer's special tokens on top of the template's (default
     /// false, as for chat).
     #[serde(default)]
@@ -102,11 +105,6 @@ const UNSUPPORTED_CHAT: &[Unsupported] = &[
         "chat_template",
         unset,
         "per-request chat templates are not supported; the model's own template is used",
-    ),
-    (
-        "chat_template_kwargs",
-        unset,
-        "chat template arguments are not supported",
     ),
     (
         "mm_processor_kwargs",
@@ -181,6 +179,7 @@ fn tokenize_chat(app: &AppState, body: &Value) -> Result<(Vec<u32>, bool), ApiEr
         &messages,
         req.add_generation_prompt,
         req.continue_final_message,
+        req.chat_template_kwargs.as_ref(),
     )?;
     let ids = app
         .tokenizer

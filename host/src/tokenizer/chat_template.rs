@@ -6,7 +6,8 @@
 //! `trim_blocks` and `lstrip_blocks` on, loop controls, Python string methods
 //! (`.strip()`, `.startswith()`, …) through minijinja-contrib's pycompat, a
 //! `raise_exception(message)` function, and the variables `messages`,
-//! `add_generation_prompt`, `bos_token` and `eos_token`.
+//! `add_generation_prompt`, `bos_token` and `eos_token`, beside the
+//! caller's own (vLLM's `chat_template_kwargs`, such as `enable_thinking`).
 
 use minijinja::{context, Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
@@ -15,6 +16,17 @@ use super::error::TokenizerError;
 
 /// Name of the one template in the environment (shown in error locations).
 const TEMPLATE_NAME: &str = "chat_template";
+
+/// The variables the renderer sets itself, which a caller's may not.
+pub const RESERVED_VARIABLES: &[&str] = &[
+    "messages",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+];
+
+/// A caller's template variables, by name (vLLM's `chat_template_kwargs`).
+pub type TemplateKwargs = serde_json::Map<String, serde_json::Value>;
 
 /// One message of a conversation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,6 +85,18 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
+        self.render_with(messages, add_generation_prompt, &TemplateKwargs::new())
+    }
+
+    /// [`render`](Self::render) with the caller's variables `kwargs` set
+    /// too; those the renderer sets itself ([`RESERVED_VARIABLES`]) keep
+    /// the renderer's values.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        kwargs: &TemplateKwargs,
+    ) -> Result<String, TokenizerError> {
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
@@ -83,6 +107,7 @@ impl ChatTemplate {
                 add_generation_prompt => add_generation_prompt,
                 bos_token => &self.bos_token,
                 eos_token => &self.eos_token,
+                ..minijinja::Value::from_serialize(kwargs)
             })
             .map_err(template_error)
     }
@@ -118,6 +143,29 @@ mod tests {
             t.render(&msgs, true).unwrap(),
             "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
         );
+    }
+
+    #[test]
+    fn the_callers_variables_reach_the_template_and_cannot_replace_the_renderers() {
+        let t = ChatTemplate::new(
+            "{% if enable_thinking is defined and not enable_thinking %}/no_think {% endif %}\
+             {{ messages[0].content }}{{ bos_token }}",
+            "<s>",
+            "</s>",
+        )
+        .unwrap();
+        let msgs = [ChatMessage::new("user", "hi")];
+        let kwargs = |v: serde_json::Value| v.as_object().unwrap().clone();
+        let off = kwargs(serde_json::json!({"enable_thinking": false}));
+        assert_eq!(
+            t.render_with(&msgs, false, &off).unwrap(),
+            "/no_think hi<s>"
+        );
+        assert_eq!(t.render(&msgs, false).unwrap(), "hi<s>");
+        let on = kwargs(serde_json::json!({"enable_thinking": true, "unused": [1, 2]}));
+        assert_eq!(t.render_with(&msgs, false, &on).unwrap(), "hi<s>");
+        let reserved = kwargs(serde_json::json!({"bos_token": "X", "messages": []}));
+        assert_eq!(t.render_with(&msgs, false, &reserved).unwrap(), "hi<s>");
     }
 
     #[test]

@@ -23,7 +23,7 @@ use tokenizers::Tokenizer as HfTokenizer;
 
 use crate::model::gguf::GgufFile;
 
-pub use chat_template::{ChatMessage, ChatTemplate};
+pub use chat_template::{ChatMessage, ChatTemplate, TemplateKwargs, RESERVED_VARIABLES};
 pub use detokenizer::IncrementalDetokenizer;
 pub use error::{TokenizerError, SUPPORTED_PRE_TOKENIZERS};
 
@@ -297,8 +297,19 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
+        self.apply_chat_template_with(messages, add_generation_prompt, &TemplateKwargs::new())
+    }
+
+    /// [`apply_chat_template`](Self::apply_chat_template) with the caller's
+    /// template variables `kwargs` (vLLM's `chat_template_kwargs`).
+    pub fn apply_chat_template_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        kwargs: &TemplateKwargs,
+    ) -> Result<String, TokenizerError> {
         match &self.chat_template {
-            ChatTemplateState::Ready(t) => t.render(messages, add_generation_prompt),
+            ChatTemplateState::Ready(t) => t.render_with(messages, add_generation_prompt, kwargs),
             ChatTemplateState::Missing { where_looked } => Err(TokenizerError::NoChatTemplate {
                 where_looked: where_looked.clone(),
             }),
