@@ -59,18 +59,7 @@ pub async fn create(
         limits::described_tools(&messages, &app.config)?;
     }
     let constraint = structured::or_tool_calls(constraint, tools.as_ref())?;
-    let text = params::render_chat(
-        &app.tokenizer,
-        &messages,
-        req.add_generation_prompt,
-        req.continue_final_message,
-        req.chat_template_kwargs.as_ref(),
-    )?;
-    // The template writes the special tokens itself, unless asked otherwise.
-    let mut prompt = app
-        .tokenizer
-        .encode(&text, req.add_special_tokens)
-        .map_err(|e| ApiError::field("messages", e))?;
+    let mut prompt = req.rendering().prompt(&app.tokenizer, &messages)?;
     let mut prediction = prediction::tokens(req.prediction.as_ref(), &app.tokenizer, &app.config)?;
     let sampling: SamplingRequest = params::typed(&body)?;
     if req.stream && sampling.prompt_logprobs.is_some() {
@@ -353,5 +342,17 @@ impl Format {
             finish.clone()
         };
         Some(self.chunk(index, delta, logprobs, Some(&finish)))
+    }
+}
+
+impl ChatCompletionRequest {
+    /// How its messages become its prompt.
+    fn rendering(&self) -> params::ChatRendering<'_> {
+        params::ChatRendering {
+            add_generation_prompt: self.add_generation_prompt,
+            continue_final_message: self.continue_final_message,
+            kwargs: self.chat_template_kwargs.as_ref(),
+            add_special_tokens: self.add_special_tokens,
+        }
     }
 }

@@ -102,51 +102,70 @@ pub fn truncate_prompt(prompt: &mut Vec<u32>, keep: Option<usize>) -> bool {
     drop > 0
 }
 
-/// The chat prompt's text: `messages` rendered by the model's template,
-/// opening the assistant's turn when `add_generation_prompt`, or leaving
-/// the last message open for the model to continue when
-/// `continue_final_message` (as transformers does; the two exclude each
-/// other).
-pub fn render_chat(
-    tokenizer: &Tokenizer,
-    messages: &[ChatMessage],
-    add_generation_prompt: bool,
-    continue_final_message: bool,
-    kwargs: Option<&TemplateKwargs>,
-) -> Result<String, ApiError> {
-    if continue_final_message && add_generation_prompt {
-        return Err(ApiError::field(
-            "continue_final_message",
-            "cannot be true together with `add_generation_prompt` (true by default); \
-             set `add_generation_prompt: false`",
-        ));
+/// How a chat request's messages become its prompt: the fields chat
+/// completions and `/tokenize` share.
+pub struct ChatRendering<'a> {
+    /// Open the assistant's turn after the messages.
+    pub add_generation_prompt: bool,
+    /// Leave the last message open for the model to continue (as
+    /// transformers does; excludes `add_generation_prompt`).
+    pub continue_final_message: bool,
+    /// The caller's template variables (`chat_template_kwargs`).
+    pub kwargs: Option<&'a TemplateKwargs>,
+    /// Add the tokenizer's special tokens on top of the template's.
+    pub add_special_tokens: bool,
+}
+
+impl ChatRendering<'_> {
+    /// The prompt's token ids: `messages` rendered by the model's template
+    /// and tokenized.
+    pub fn prompt(
+        &self,
+        tokenizer: &Tokenizer,
+        messages: &[ChatMessage],
+    ) -> Result<Vec<u32>, ApiError> {
+        let text = self.text(tokenizer, messages)?;
+        tokenizer
+            .encode(&text, self.add_special_tokens)
+            .map_err(|e| ApiError::field("messages", e))
     }
-    let no_kwargs = TemplateKwargs::new();
-    let kwargs = kwargs.unwrap_or(&no_kwargs);
-    if let Some(key) = kwargs
-        .keys()
-        .find(|k| RESERVED_VARIABLES.contains(&k.as_str()))
-    {
-        return Err(ApiError::field(
-            &format!("chat_template_kwargs.{key}"),
-            "is set by the server from the request; leave it out",
-        ));
-    }
-    let mut text = tokenizer
-        .apply_chat_template_with(messages, add_generation_prompt, kwargs)
-        .map_err(|e| ApiError::field("messages", e))?;
-    if continue_final_message {
-        let last = messages.last().map_or("", |m| m.content.as_str());
-        let end = open_end(&text, last).ok_or_else(|| {
-            ApiError::field(
+
+    /// The prompt's text.
+    fn text(&self, tokenizer: &Tokenizer, messages: &[ChatMessage]) -> Result<String, ApiError> {
+        if self.continue_final_message && self.add_generation_prompt {
+            return Err(ApiError::field(
                 "continue_final_message",
-                "the chat template does not write the last message's text as it is, so it \
-                 cannot be left open; send a last message with text",
-            )
-        })?;
-        text.truncate(end);
+                "cannot be true together with `add_generation_prompt` (true by default); \
+                 set `add_generation_prompt: false`",
+            ));
+        }
+        let no_kwargs = TemplateKwargs::new();
+        let kwargs = self.kwargs.unwrap_or(&no_kwargs);
+        if let Some(key) = kwargs
+            .keys()
+            .find(|k| RESERVED_VARIABLES.contains(&k.as_str()))
+        {
+            return Err(ApiError::field(
+                &format!("chat_template_kwargs.{key}"),
+                "is set by the server from the request; leave it out",
+            ));
+        }
+        let mut text = tokenizer
+            .apply_chat_template_with(messages, self.add_generation_prompt, kwargs)
+            .map_err(|e| ApiError::field("messages", e))?;
+        if self.continue_final_message {
+            let last = messages.last().map_or("", |m| m.content.as_str());
+            let end = open_end(&text, last).ok_or_else(|| {
+                ApiError::field(
+                    "continue_final_message",
+                    "the chat template does not write the last message's text as it is, so it \
+                     cannot be left open; send a last message with text",
+                )
+            })?;
+            text.truncate(end);
+        }
+        Ok(text)
     }
-    Ok(text)
 }
 
 /// Where the rendered chat `text` is cut to leave its last message

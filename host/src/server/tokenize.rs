@@ -174,17 +174,13 @@ fn tokenize_chat(app: &AppState, body: &Value) -> Result<(Vec<u32>, bool), ApiEr
     let req: TokenizeChatRequest = params::typed(body)?;
     app.check_model(req.model.as_deref())?;
     let messages = params::chat_messages(&req.messages)?;
-    let text = params::render_chat(
-        &app.tokenizer,
-        &messages,
-        req.add_generation_prompt,
-        req.continue_final_message,
-        req.chat_template_kwargs.as_ref(),
-    )?;
-    let ids = app
-        .tokenizer
-        .encode(&text, req.add_special_tokens)
-        .map_err(|e| ApiError::field("messages", e))?;
+    let rendering = params::ChatRendering {
+        add_generation_prompt: req.add_generation_prompt,
+        continue_final_message: req.continue_final_message,
+        kwargs: req.chat_template_kwargs.as_ref(),
+        add_special_tokens: req.add_special_tokens,
+    };
+    let ids = rendering.prompt(&app.tokenizer, &messages)?;
     Ok((ids, req.return_token_strs))
 }
 
