@@ -77,6 +77,10 @@ impl MultiprocExecutor {
         let nnodes = p.nnodes.max(1);
         let local = node_ranks(world_size, nnodes, 0);
         let remote_ranks: Vec<usize> = (local.end..world_size).collect();
+        let listen = format!("{}:{}", p.master_addr, p.master_port);
+        let node_listener = (nnodes > 1)
+            .then(|| RemoteNodes::bind(&listen))
+            .transpose()?;
         let rpc = MessageQueue::new_writer_with_remote(
             world_size,
             &remote_ranks,
@@ -135,13 +139,17 @@ impl MultiprocExecutor {
                 }
             }
         }
-        let remote = match spawned {
-            Ok(()) if nnodes > 1 => {
-                let listen = format!("{}:{}", p.master_addr, p.master_port);
-                RemoteNodes::accept(&listen, nnodes, world_size, &boot, &ready_tx, start_timeout)
-            }
-            Ok(()) => Ok(RemoteNodes::none()),
-            Err(e) => Err(e),
+        let remote = match (spawned, node_listener) {
+            (Ok(()), Some(listener)) => RemoteNodes::accept(
+                (listener, &listen),
+                nnodes,
+                world_size,
+                &boot,
+                &ready_tx,
+                start_timeout,
+            ),
+            (Ok(()), None) => Ok(RemoteNodes::none()),
+            (Err(e), _) => Err(e),
         };
         drop(ready_tx);
         let (remote, spawned) = match remote {

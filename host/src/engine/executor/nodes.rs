@@ -130,12 +130,29 @@ impl RemoteNodes {
         }
     }
 
-    /// Waits on `listen` until every other node of `nnodes` has connected
-    /// and said hello (within `timeout`), hands each the bootstraps of its
-    /// ranks from `boot`, and forwards their ready lines to `ready` as the
-    /// local workers' are forwarded.
+    /// Listens at `listen` (`parallel.master_addr:master_port`) for the
+    /// other nodes. Node 0 binds it before anything else of the group
+    /// listens on that address: the queues' and the all-reduce hub's ports
+    /// are the OS's choice, and a choice made first could be this port.
+    pub fn bind(listen: &str) -> Result<TcpListener, ExecutorError> {
+        TcpListener::bind(listen)
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .map_err(|e| ExecutorError::Start {
+                rank: 0,
+                message: format!(
+                    "cannot listen for the other nodes on {listen} \
+                     (parallel.master_addr / master_port): {e}"
+                ),
+            })
+    }
+
+    /// Waits on `listener` (from [`bind`](Self::bind) at `listen`) until
+    /// every other node of `nnodes` has connected and said hello (within
+    /// `timeout`), hands each the bootstraps of its ranks from `boot`, and
+    /// forwards their ready lines to `ready` as the local workers' are
+    /// forwarded.
     pub fn accept(
-        listen: &str,
+        (listener, listen): (TcpListener, &str),
         nnodes: usize,
         world_size: usize,
         boot: &dyn Fn(usize) -> Bootstrap,
@@ -143,17 +160,6 @@ impl RemoteNodes {
         timeout: Duration,
     ) -> Result<RemoteNodes, ExecutorError> {
         let fail = |rank: usize, message: String| ExecutorError::Start { rank, message };
-        let listener = TcpListener::bind(listen)
-            .and_then(|l| l.set_nonblocking(true).map(|()| l))
-            .map_err(|e| {
-                fail(
-                    0,
-                    format!(
-                        "cannot listen for the other nodes on {listen} \
-                         (parallel.master_addr / master_port): {e}"
-                    ),
-                )
-            })?;
         tracing::info!(%listen, nnodes, "waiting for the other nodes");
         let pids = Arc::new(Mutex::new(vec![0; world_size]));
         let mut slots: Vec<Option<RemoteNode>> = (0..nnodes).map(|_| None).collect();
@@ -428,16 +434,21 @@ mod tests {
     /// node 0 goes on waiting for a proper one.
     #[test]
     fn bad_hellos_are_refused_with_the_reason() {
-        // A free port: node 0 binds it again below (a connection to this
-        // listener before it is dropped would be reset).
-        let addr = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .unwrap();
+        let listener = RemoteNodes::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
         let (tx, _rx) = mpsc::channel();
         let node0 = std::thread::spawn(move || {
             let boot = |rank| Bootstrap::for_tests(rank, 3);
-            RemoteNodes::accept(&addr.to_string(), 2, 3, &boot, &tx, Duration::from_secs(20))
-                .map(|nodes| nodes.nodes.len())
+            let listen = addr.to_string();
+            RemoteNodes::accept(
+                (listener, &listen),
+                2,
+                3,
+                &boot,
+                &tx,
+                Duration::from_secs(20),
+            )
+            .map(|nodes| nodes.nodes.len())
         });
         let hello = |nnodes, node_rank, version| NodeMessage::Hello {
             version,
