@@ -130,6 +130,16 @@ const UNSUPPORTED_IN_COMPLETIONS: &[Unsupported] = &[
         unset,
         "predicted outputs are not supported on completions; /v1/chat/completions takes them",
     ),
+    (
+        "continue_final_message",
+        unset,
+        "applies to chat messages; /v1/chat/completions takes it (a completion prompt is open already)",
+    ),
+    (
+        "chat_template_kwargs",
+        unset,
+        "applies to the chat template; /v1/chat/completions takes it (a completion prompt is not templated)",
+    ),
 ];
 
 /// Fields OpenAI or vLLM define that cannot change the answer here, so any
@@ -453,20 +463,27 @@ mod tests {
     }
 
     #[test]
-    fn predictions_are_chats_alone() {
-        let body = json!({"prediction": {"type": "content", "content": "x = 1"}});
-        let e = check_fields(&body, Endpoint::Completions).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("prediction"));
-        assert!(e.message.contains("/v1/chat/completions"), "{e:?}");
-        assert!(check_fields(&body, Endpoint::Chat).is_ok());
-        assert_eq!(
-            ignored_fields(&body, Endpoint::Chat).1,
-            0,
-            "honoured, not ignored"
-        );
+    fn predictions_and_template_fields_are_chats_alone() {
+        for (field, value) in [
+            ("prediction", json!({"type": "content", "content": "x = 1"})),
+            ("continue_final_message", json!(true)),
+            ("chat_template_kwargs", json!({"enable_thinking": false})),
+        ] {
+            let body = json!({ field: value });
+            let e = check_fields(&body, Endpoint::Completions).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(field));
+            assert!(e.message.contains("/v1/chat/completions"), "{e:?}");
+            assert!(check_fields(&body, Endpoint::Chat).is_ok());
+            assert_eq!(
+                ignored_fields(&body, Endpoint::Chat).1,
+                0,
+                "{field}: honoured, not ignored"
+            );
+        }
         // Sent at its neutral value it asks for nothing, and is known, so
         // not logged as ignored either (nor are the tool fields).
-        let neutral = json!({"prediction": null, "tools": null, "tool_choice": "none"});
+        let neutral = json!({"prediction": null, "tools": null, "tool_choice": "none",
+            "continue_final_message": false, "chat_template_kwargs": {}});
         assert!(check_fields(&neutral, Endpoint::Completions).is_ok());
         assert_eq!(ignored_fields(&neutral, Endpoint::Completions).1, 0);
     }
