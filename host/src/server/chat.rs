@@ -94,7 +94,7 @@ pub async fn create(
     let id = app.next_request_id("chatcmpl");
     let extras = generate::Extras {
         prediction: &prediction,
-        ..generate::Extras::of(&sampling)?
+        ..generate::Extras::of(&sampling)
     };
     let returned_prompt = req
         .return_token_ids

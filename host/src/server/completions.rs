@@ -113,7 +113,7 @@ pub async fn create(
         n: params.n.max(1) as usize,
     };
     let echo = req.echo.then_some(echo_texts);
-    let extras = generate::Extras::of(&sampling)?;
+    let extras = generate::Extras::of(&sampling);
     let mut seqs = generate::start(&app, &id, prompts, &params, extras).await?;
     if prompt_only {
         seqs.iter_mut()

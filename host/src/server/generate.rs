@@ -41,19 +41,14 @@ pub struct Extras<'a> {
 
 impl<'a> Extras<'a> {
     /// The priority and cache salt of a request's sampling fields, without
-    /// a prediction. A salt must be a non-empty string (as in vLLM).
-    pub fn of(sampling: &'a SamplingRequest) -> Result<Self, ApiError> {
-        if sampling.cache_salt.as_deref() == Some("") {
-            return Err(ApiError::field(
-                "cache_salt",
-                "must be a non-empty string; leave it out to share the prefix cache with unsalted requests",
-            ));
-        }
-        Ok(Extras {
+    /// a prediction (`limits::check_sampling` refused an empty or
+    /// oversized salt).
+    pub fn of(sampling: &'a SamplingRequest) -> Self {
+        Extras {
             priority: sampling.priority.unwrap_or(0),
             prediction: &[],
             cache_salt: sampling.cache_salt.as_deref(),
-        })
+        }
     }
 }
 

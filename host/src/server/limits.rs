@@ -301,6 +301,12 @@ pub fn check_sampling(body: &Value, config: &ServerConfig) -> Result<(), ApiErro
         )?;
     }
     if let Some(salt) = body.get("cache_salt").and_then(Value::as_str) {
+        if salt.is_empty() {
+            return Err(ApiError::field(
+                "cache_salt",
+                "must be a non-empty string; leave it out to share the prefix cache with unsalted requests",
+            ));
+        }
         let why = "a salt is a secret, not a text; a random 32 bytes is plenty";
         at_most_fixed(
             "cache_salt",

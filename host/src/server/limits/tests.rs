@@ -225,6 +225,18 @@ fn allowed_token_ids_and_bad_words_are_bounded() {
 }
 
 #[test]
+fn cache_salts_are_non_empty_and_bounded() {
+    let salt = "s".repeat(MAX_CACHE_SALT_BYTES);
+    assert!(completion(json!({"prompt": "x", "cache_salt": salt})).is_ok());
+    let e = chat(json!({"cache_salt": format!("{salt}s")})).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("cache_salt"));
+    assert!(e.message.contains("1025 bytes, but at most 1024"), "{e:?}");
+    let e = completion(json!({"prompt": "x", "cache_salt": ""})).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("cache_salt"));
+    assert!(e.message.contains("non-empty"), "{e:?}");
+}
+
+#[test]
 fn logit_bias_entries_are_counted() {
     assert!(completion(json!({"prompt": "x", "logit_bias": {"1": 1, "2": 1}})).is_ok());
     refused(

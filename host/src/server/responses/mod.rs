@@ -176,7 +176,7 @@ pub async fn create(
         id: id.clone(),
     };
     let tools = tools.filter(ToolRequest::may_call);
-    let extras = generate::Extras::of(&sampling)?;
+    let extras = generate::Extras::of(&sampling);
     let mut seqs = generate::start(&app, &id, vec![prompt], &params, extras).await?;
     let Some(seq) = seqs.pop() else {
         return Err(ApiError::internal("the engine request was not started"));
