@@ -102,6 +102,7 @@ const FIELDS: &[&str] = &[
     "return_token_ids",
     "return_tokens_as_token_ids",
     "chat_template_kwargs",
+    "request_id",
     "user",
     // /tokenize, /detokenize and /v1/responses.
     "tokens",
@@ -160,6 +161,7 @@ fn extreme_value() -> impl Strategy<Value = Value> {
             json!({"type": "json_object"}),
             json!({"type": "text"}),
             json!({"include_usage": true}),
+            json!({"include_usage": true, "continuous_usage_stats": true}),
             json!({"50256": 100, "1": -100}),
             json!([{"type": "function", "function": {"name": "f"}}]),
             // The Responses API's tool, tool choice and call items.

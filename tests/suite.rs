@@ -39,6 +39,7 @@ mod server_responses;
 mod server_structured;
 mod server_tokenize;
 mod server_tools;
+mod server_usage;
 mod server_vllm_fields;
 mod server_web;
 mod sleep_mode;

@@ -70,6 +70,19 @@ for chunk in stream:
 check("chat stream", "".join(parts) == expected["chat"], ("".join(parts), expected["chat"]))
 check("chat stream usage", usage is not None and usage.completion_tokens <= 16 and usage.prompt_tokens > 0, usage)
 check("chat stream finish", finish in ("length", "stop"), finish)
+# The same messages a second time: every full 16-token block before the
+# prompt's last token came from the prefix cache.
+details = usage.prompt_tokens_details
+check("chat cached tokens", details is not None and details.cached_tokens == (usage.prompt_tokens - 1) // 16 * 16, usage)
+
+# vLLM's request names: the body's `request_id`, or the header, which wins.
+r = client.completions.create(model=model, prompt="Hi", max_tokens=1, extra_body={"request_id": "mine"})
+check("request_id names the answer", r.id == "cmpl-mine", r.id)
+r = client.chat.completions.create(
+    model=model, messages=messages, max_tokens=1,
+    extra_body={"request_id": "body"}, extra_headers={"X-Request-Id": "header"},
+)
+check("X-Request-Id wins", r.id == "chatcmpl-header", r.id)
 
 # Logprobs.
 r = client.chat.completions.create(

@@ -367,7 +367,7 @@ impl EngineCore {
                     request_id: self.scheduler.request_id(h).unwrap_or_default().into(),
                     new_token_ids: Vec::new(),
                     finish_reason: None,
-                    num_cached_tokens: 0,
+                    num_cached_tokens: req.num_cached_tokens() as u32,
                     new_logprobs: Vec::new(),
                     error: None,
                     new_prompt_logprobs: Some(chunk),

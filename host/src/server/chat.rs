@@ -6,6 +6,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
@@ -28,6 +29,7 @@ use crate::step::Logprobs;
 /// The handler; an error becomes its OpenAI-style response.
 pub async fn create(
     State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = super::request_object(body)?;
@@ -35,6 +37,7 @@ pub async fn create(
     fields::check_fields(&body, Endpoint::Chat)?;
     let req: ChatCompletionRequest = params::typed(&body)?;
     app.check_model(req.model.as_deref())?;
+    let id = app.answer_id("chatcmpl", &headers, req.request_id.as_deref())?;
     let tools = ToolRequest::from_body(&body, Api::Chat)?;
     let constraint = structured::from_fields(
         req.response_format.as_ref(),
@@ -91,7 +94,6 @@ pub async fn create(
     // the `n` engine requests gets a copy of no more than it can use.
     prediction.truncate(params.max_tokens as usize);
     app.constrain(&mut params, constraint, &sampling).await?;
-    let id = app.next_request_id("chatcmpl");
     let extras = generate::Extras {
         prediction: &prediction,
         ..generate::Extras::of(&sampling)
@@ -100,7 +102,10 @@ pub async fn create(
         .return_token_ids
         .unwrap_or(false)
         .then(|| prompt.clone());
-    let seqs = generate::start(&app, &id, vec![prompt], &params, extras)
+    // The engine requests get ids of the server's own, unique even when
+    // clients reuse a name.
+    let engine_id = app.next_request_id("chatcmpl");
+    let seqs = generate::start(&app, &engine_id, vec![prompt], &params, extras)
         .await
         .map_err(|mut e| {
             // The engine may refuse the rest of the context (a KV cache smaller
@@ -125,8 +130,8 @@ pub async fn create(
         unsent_ids: Vec::new(),
     };
     if req.stream {
-        let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
-        return Ok(sse::stream(app.clone(), seqs, format, include_usage));
+        let options = req.stream_options.unwrap_or_default();
+        return Ok(sse::stream(app.clone(), seqs, format, options));
     }
     let (choices, usage) = generate::collect(&app, seqs).await?;
     // vLLM gives the prompt's logprobs once, beside the choices.

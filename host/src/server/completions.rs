@@ -14,6 +14,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
@@ -37,6 +38,7 @@ const DEFAULT_MAX_TOKENS: u32 = 16;
 /// The handler; an error becomes its OpenAI-style response.
 pub async fn create(
     State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = super::request_object(body)?;
@@ -45,6 +47,7 @@ pub async fn create(
     fields::check_fields(&body, Endpoint::Completions)?;
     let req: CompletionRequest = params::typed(&body)?;
     app.check_model(req.model.as_deref())?;
+    let id = app.answer_id("cmpl", &headers, req.request_id.as_deref())?;
     let constraint = structured::from_fields(
         req.response_format.as_ref(),
         req.structured_outputs.as_ref(),
@@ -103,7 +106,6 @@ pub async fn create(
         limits::check_context(&field, prompt.len(), max_tokens, max_model_len)?;
     }
     app.constrain(&mut params, constraint, &sampling).await?;
-    let id = app.next_request_id("cmpl");
     let return_token_ids = req.return_token_ids.unwrap_or(false);
     let prompt_ids = Prompts {
         token_ids: match req.echo || return_token_ids {
@@ -114,7 +116,10 @@ pub async fn create(
     };
     let echo = req.echo.then_some(echo_texts);
     let extras = generate::Extras::of(&sampling);
-    let mut seqs = generate::start(&app, &id, prompts, &params, extras).await?;
+    // The engine requests get ids of the server's own, unique even when
+    // clients reuse a name.
+    let engine_id = app.next_request_id("cmpl");
+    let mut seqs = generate::start(&app, &engine_id, prompts, &params, extras).await?;
     if prompt_only {
         seqs.iter_mut()
             .for_each(generate::Sequence::set_prompt_only);
@@ -132,8 +137,8 @@ pub async fn create(
         first_sent: Vec::new(),
     };
     if req.stream {
-        let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
-        return Ok(sse::stream(app.clone(), seqs, format, include_usage));
+        let options = req.stream_options.unwrap_or_default();
+        return Ok(sse::stream(app.clone(), seqs, format, options));
     }
     let (choices, usage) = generate::collect(&app, seqs).await?;
     let choices: Vec<Value> = choices.iter().map(|c| format.choice(c, true)).collect();

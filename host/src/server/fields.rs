@@ -108,7 +108,6 @@ const UNSUPPORTED: &[(&str, Neutral, &str)] = &[
     ("reasoning_effort", unset, "is not supported: this model does not reason"),
     ("verbosity", unset, "is not supported; ask for the length you want in the prompt"),
     ("kv_transfer_params", unset, "KV transfer (disaggregated serving) is not supported"),
-    ("request_id", unset, "client-chosen request ids are not supported; the server assigns the answer's `id`"),
     ("store", unset, "stored completions are not supported"),
 ];
 
@@ -189,15 +188,6 @@ pub fn check_fields(body: &Value, endpoint: Endpoint) -> Result<(), ApiError> {
         if body.get(*field).is_some_and(|v| !neutral(v)) {
             return Err(ApiError::field(field, why));
         }
-    }
-    if body
-        .pointer("/stream_options/continuous_usage_stats")
-        .is_some_and(|v| !unset(v))
-    {
-        return Err(ApiError::field(
-            "stream_options.continuous_usage_stats",
-            "usage in every chunk is not supported; `include_usage` sends it in a last chunk",
-        ));
     }
     let only_elsewhere = match endpoint {
         Endpoint::Chat => UNSUPPORTED_IN_CHAT,
@@ -427,7 +417,6 @@ mod tests {
             ("reasoning_effort", json!("high"), json!(null)),
             ("verbosity", json!("low"), json!(null)),
             ("kv_transfer_params", json!({"k": 1}), json!(null)),
-            ("request_id", json!("mine"), json!(null)),
             ("store", json!(true), json!(false)),
         ];
         for endpoint in [Endpoint::Completions, Endpoint::Chat] {
@@ -439,15 +428,9 @@ mod tests {
                 assert!(check_fields(&body, endpoint).is_ok(), "{body}");
             }
         }
-        let e = check_fields(
-            &json!({"stream_options": {"include_usage": true, "continuous_usage_stats": true}}),
-            Endpoint::Chat,
-        )
-        .unwrap_err();
-        assert_eq!(
-            e.param.as_deref(),
-            Some("stream_options.continuous_usage_stats")
-        );
+        let body =
+            json!({"stream_options": {"include_usage": true, "continuous_usage_stats": true}});
+        assert!(check_fields(&body, Endpoint::Chat).is_ok());
     }
 
     #[test]
@@ -593,6 +576,7 @@ mod tests {
             "user": "u", "metadata": {}, "safety_identifier": "s", "prompt_cache_key": "k",
             "service_tier": "auto", "parallel_tool_calls": false, "include_reasoning": true,
             "echo": false, "return_token_ids": false, "return_tokens_as_token_ids": true,
+            "request_id": "r",
         });
         assert_eq!(
             ignored_fields(&completion, Endpoint::Completions),
@@ -601,7 +585,7 @@ mod tests {
         let chat = json!({
             "messages": [{"role": "user", "content": "hi", "name": null}], "logprobs": true,
             "top_logprobs": 1, "add_generation_prompt": true, "add_special_tokens": false,
-            "max_completion_tokens": 3, "tool_choice": "none",
+            "max_completion_tokens": 3, "tool_choice": "none", "request_id": "r",
         });
         assert_eq!(ignored_fields(&chat, Endpoint::Chat), (vec![], 0));
     }

@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::params::child_params;
-use super::protocol::{SamplingRequest, Usage};
+use super::protocol::{PromptTokens, SamplingRequest, Usage};
 use super::AppState;
 
 /// What every engine request of one API request carries besides its
@@ -58,6 +58,9 @@ pub struct Sequence {
     pub index: usize,
     /// Tokens of its prompt.
     pub num_prompt_tokens: usize,
+    /// Of those, the ones the prefix cache served, known once the engine
+    /// took the request (`start` returned).
+    pub num_cached_tokens: usize,
     /// Which of its prompt's `n` samples it is.
     sample: usize,
     stream: OutputStream,
@@ -110,6 +113,7 @@ pub async fn start(
             seqs.push(Sequence {
                 index,
                 num_prompt_tokens,
+                num_cached_tokens: 0,
                 sample: j,
                 stream,
                 state,
@@ -122,7 +126,10 @@ pub async fn start(
     }
     for seq in &mut seqs {
         seq.first = Some(match seq.stream.next().await {
-            Some(Ok(out)) => out,
+            Some(Ok(out)) => {
+                seq.num_cached_tokens = out.num_cached_tokens as usize;
+                out
+            }
             Some(Err(e)) => return Err(e.into()),
             None => {
                 return Err(ApiError::from(EngineCoreError::Dead(
@@ -222,13 +229,15 @@ impl Sequence {
     }
 }
 
-/// Prompt tokens of an answer: each prompt counted once, however many
-/// samples were drawn from it (as vLLM's `usage` counts them).
-pub fn prompt_tokens(seqs: &[Sequence]) -> usize {
+/// Prompt tokens of an answer: each prompt counted once, by its first
+/// sample, however many samples were drawn from it.
+pub fn prompt_tokens(seqs: &[Sequence]) -> PromptTokens {
     seqs.iter()
         .filter(|s| s.sample == 0)
-        .map(|s| s.num_prompt_tokens)
-        .sum()
+        .fold(PromptTokens::default(), |sum, s| PromptTokens {
+            total: sum.total + s.num_prompt_tokens,
+            cached: sum.cached + s.num_cached_tokens,
+        })
 }
 
 /// A finished choice.

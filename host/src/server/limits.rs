@@ -33,6 +33,17 @@ const _: () = assert!(2 * MAX_BAD_WORDS_BYTES + MAX_BAD_WORDS <= MAX_BAD_WORD_TO
 /// worth of random text), and each engine request keeps a copy.
 pub const MAX_CACHE_SALT_BYTES: usize = 1024;
 
+/// Most bytes of a client's request id (vLLM's `request_id` field or
+/// `X-Request-Id` header): every chunk of the answer repeats it.
+pub const MAX_REQUEST_ID_BYTES: usize = 256;
+
+/// 400 unless a client's request id, from `field`, fits
+/// [`MAX_REQUEST_ID_BYTES`].
+pub fn request_id(field: &str, id: &str) -> Result<(), ApiError> {
+    let why = "a request id names a request, it does not carry data; a UUID takes 36 bytes";
+    at_most_fixed(field, len(id.len()), "bytes", MAX_REQUEST_ID_BYTES, why)
+}
+
 /// 400 unless `value <= limit`, naming the field, both numbers and the
 /// `[server]` key that sets the limit.
 pub fn at_most(

@@ -52,6 +52,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
+use axum::http::HeaderMap;
 
 pub use error::ApiError;
 pub use metrics::Metrics;
@@ -68,6 +69,9 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the server keeps answering 503 after the engine died, so
 /// clients see why, before the process exits non-zero.
 const DEAD_GRACE: Duration = Duration::from_secs(1);
+
+/// The header a client names its request in (vLLM reads the same).
+const REQUEST_ID_HEADER: &str = "x-request-id";
 
 /// A check of a request's final `extra_args` before it is queued, so that
 /// what a plugin cannot take (a JSON schema or grammar that does not
@@ -180,6 +184,39 @@ impl AppState {
     pub fn next_request_id(&self, prefix: &str) -> String {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         format!("{prefix}-{:x}-{n}", self.created)
+    }
+
+    /// The answer's `id`: `<prefix>-<name>` when the client named the
+    /// request (vLLM's `X-Request-Id` header, else the body's `request_id`;
+    /// empty is no name), else a fresh one. Engine requests always get
+    /// fresh ids ([`Self::next_request_id`]), so two answers a client
+    /// gave one name cannot collide in the engine.
+    pub fn answer_id(
+        &self,
+        prefix: &str,
+        headers: &HeaderMap,
+        body: Option<&str>,
+    ) -> Result<String, ApiError> {
+        let header = match headers.get(REQUEST_ID_HEADER) {
+            Some(v) => Some(v.to_str().map_err(|_| {
+                ApiError::field(
+                    "X-Request-Id",
+                    "must be visible ASCII; send other names in the body's `request_id`",
+                )
+            })?),
+            None => None,
+        };
+        if let Some(id) = header {
+            limits::request_id("X-Request-Id", id)?;
+        }
+        if let Some(id) = body {
+            limits::request_id("request_id", id)?;
+        }
+        let named = |id: &&str| !id.is_empty();
+        Ok(match header.filter(named).or(body.filter(named)) {
+            Some(name) => format!("{prefix}-{name}"),
+            None => self.next_request_id(prefix),
+        })
     }
 
     /// `max_tokens` of a request that sets none: the rest of the context.

@@ -15,11 +15,15 @@ use serde_json::Value;
 use crate::engine::PredictionTokens;
 
 /// `stream_options` of a streaming request.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, Deserialize)]
 #[serde(default)]
 pub struct StreamOptions {
     /// Send a last chunk carrying `usage` (and no choices) before `[DONE]`.
     pub include_usage: bool,
+    /// vLLM's: with `include_usage`, every chunk of a choice also carries
+    /// that choice's counts so far (its prompt's tokens and the tokens it
+    /// generated until then).
+    pub continuous_usage_stats: bool,
 }
 
 /// `POST /v1/completions`: the endpoint's own fields.
@@ -56,6 +60,11 @@ pub struct CompletionRequest {
     /// `grammar`, `json_object`); read by `structured::from_fields`.
     #[serde(default)]
     pub structured_outputs: Option<Value>,
+    /// vLLM's `request_id`: names the answer, whose `id` becomes
+    /// `<prefix>-<request_id>` (an `X-Request-Id` header wins over it, as
+    /// in vLLM; empty means unnamed).
+    #[serde(default)]
+    pub request_id: Option<String>,
     /// vLLM's `return_token_ids`: the answer carries the prompt's token
     /// ids and each choice's generated ones (`prompt_token_ids`,
     /// `token_ids`; streamed, the prompt's in the first chunk).
@@ -169,6 +178,11 @@ pub struct ChatCompletionRequest {
     /// read, as transformers' does.
     #[serde(default)]
     pub chat_template_kwargs: Option<crate::tokenizer::TemplateKwargs>,
+    /// vLLM's `request_id`: names the answer, whose `id` becomes
+    /// `<prefix>-<request_id>` (an `X-Request-Id` header wins over it, as
+    /// in vLLM; empty means unnamed).
+    #[serde(default)]
+    pub request_id: Option<String>,
     /// vLLM's `return_token_ids`: the answer carries the prompt's token
     /// ids and each choice's generated ones (`prompt_token_ids`,
     /// `token_ids`; streamed, the prompt's in the first chunk).
@@ -297,6 +311,17 @@ impl SamplingRequest {
     }
 }
 
+/// A request's prompt tokens, each prompt counted once however many
+/// samples were drawn from it (as vLLM's `usage` counts them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PromptTokens {
+    /// Tokens in the prompt(s).
+    pub total: usize,
+    /// Of those, the ones the prefix cache served (vLLM's
+    /// `num_cached_tokens`: counted when the prompt was first scheduled).
+    pub cached: usize,
+}
+
 /// Token counts of a request.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Usage {
@@ -306,9 +331,19 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Their sum.
     pub total_tokens: usize,
+    /// OpenAI's breakdown of the prompt tokens: how many the prefix cache
+    /// served.
+    pub prompt_tokens_details: PromptTokensDetails,
     /// How a predicted output fared; only when the request sent one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub completion_tokens_details: Option<CompletionTokensDetails>,
+}
+
+/// OpenAI's breakdown of the prompt tokens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens served from the prefix cache instead of computed.
+    pub cached_tokens: usize,
 }
 
 /// OpenAI's breakdown of the completion tokens (the predicted-output part).
@@ -323,12 +358,15 @@ pub struct CompletionTokensDetails {
 }
 
 impl Usage {
-    /// Counts for `prompt_tokens` and `completion_tokens`.
-    pub fn new(prompt_tokens: usize, completion_tokens: usize) -> Usage {
+    /// Counts for the prompt(s) and `completion_tokens`.
+    pub fn new(prompt: PromptTokens, completion_tokens: usize) -> Usage {
         Usage {
-            prompt_tokens,
+            prompt_tokens: prompt.total,
             completion_tokens,
-            total_tokens: prompt_tokens + completion_tokens,
+            total_tokens: prompt.total + completion_tokens,
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: prompt.cached,
+            },
             completion_tokens_details: None,
         }
     }

@@ -1,5 +1,7 @@
 //! Streaming answers as server-sent events: one `data: {chunk}` per text
 //! delta of any choice, an optional usage chunk, then `data: [DONE]`.
+//! With vLLM's `continuous_usage_stats`, every chunk of a choice carries
+//! that choice's counts so far as well.
 //!
 //! A task reads the choices' engine outputs and feeds a bounded channel the
 //! HTTP body drains. When the client disconnects, the body (and so the
@@ -13,11 +15,11 @@ use std::sync::Arc;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, StreamExt};
-use serde_json::Value;
+use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::generate::{prompt_tokens, Sequence};
-use super::protocol::Usage;
+use super::protocol::{PromptTokens, StreamOptions, Usage};
 use super::AppState;
 use crate::engine::Delta;
 
@@ -37,15 +39,15 @@ pub trait ChunkFormat: Send + 'static {
 /// Chunks buffered between the engine and a slow client.
 const CHANNEL_CHUNKS: usize = 256;
 
-/// Streams `seqs` as server-sent events.
+/// Streams `seqs` as server-sent events, with usage as `options` ask.
 pub fn stream(
     app: Arc<AppState>,
     seqs: Vec<Sequence>,
     format: impl ChunkFormat,
-    include_usage: bool,
+    options: StreamOptions,
 ) -> Response {
     let (tx, rx) = mpsc::channel::<Event>(CHANNEL_CHUNKS);
-    tokio::spawn(produce(app, seqs, format, include_usage, tx));
+    tokio::spawn(produce(app, seqs, format, options, tx));
     let body = stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
     });
@@ -56,15 +58,37 @@ async fn produce(
     app: Arc<AppState>,
     seqs: Vec<Sequence>,
     mut format: impl ChunkFormat,
-    include_usage: bool,
+    options: StreamOptions,
     tx: mpsc::Sender<Event>,
 ) {
     let data = |v: &Value| Event::default().data(v.to_string());
     let prompt_tokens = prompt_tokens(&seqs);
     let num_choices = seqs.len();
+    // Each choice's prompt and tokens so far, by index, for the counts
+    // every chunk carries under `continuous_usage_stats` (as in vLLM, only
+    // together with `include_usage`).
+    let continuous = options.include_usage && options.continuous_usage_stats;
+    let mut prompts = vec![PromptTokens::default(); num_choices];
+    for seq in &seqs {
+        prompts[seq.index] = PromptTokens {
+            total: seq.num_prompt_tokens,
+            cached: seq.num_cached_tokens,
+        };
+    }
+    let mut generated = vec![0; num_choices];
+    let with_usage = |mut chunk: Value, index: usize, generated: usize| {
+        if continuous {
+            chunk["usage"] = json!(Usage::new(prompts[index], generated));
+        }
+        chunk
+    };
     for seq in &seqs {
         if let Some(chunk) = format.opening(seq.index) {
-            if tx.send(data(&chunk)).await.is_err() {
+            if tx
+                .send(data(&with_usage(chunk, seq.index, 0)))
+                .await
+                .is_err()
+            {
                 return;
             }
         }
@@ -93,11 +117,12 @@ async fn produce(
             None => break,
             Some((index, Ok(delta))) => {
                 completion_tokens += delta.token_ids.len();
+                generated[index] += delta.token_ids.len();
                 if delta.prediction_tokens.is_some() {
                     predictions[index] = delta.prediction_tokens;
                 }
                 match format.delta(index, &delta) {
-                    Some(chunk) => data(&chunk),
+                    Some(chunk) => data(&with_usage(chunk, index, generated[index])),
                     None => continue,
                 }
             }
@@ -114,7 +139,7 @@ async fn produce(
         }
     }
     drop(merged);
-    if include_usage
+    if options.include_usage
         && tx
             .send(data(&format.usage(
                 Usage::new(prompt_tokens, completion_tokens).with_predictions(predictions),

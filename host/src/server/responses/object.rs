@@ -5,6 +5,7 @@
 use serde_json::{json, Map, Value};
 
 use super::super::limits;
+use super::super::protocol::PromptTokens;
 use super::super::tools::ToolCall;
 
 /// Where a response stands (OpenAI's `status`).
@@ -89,7 +90,7 @@ pub struct Record {
     /// when asked for; otherwise empty.
     pub logprobs: Vec<Value>,
     /// Prompt tokens (input) and generated tokens (output).
-    pub usage: Option<(usize, usize)>,
+    pub usage: Option<(PromptTokens, usize)>,
     /// Why it failed, when it did.
     pub error: Option<String>,
     /// The request's settings.
@@ -193,9 +194,10 @@ impl Record {
         let e = &self.echo;
         let usage = self.usage.map(|(input, output)| {
             json!({
-                "input_tokens": input, "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens": input.total,
+                "input_tokens_details": {"cached_tokens": input.cached},
                 "output_tokens": output, "output_tokens_details": {"reasoning_tokens": 0},
-                "total_tokens": input + output,
+                "total_tokens": input.total + output,
             })
         });
         json!({
@@ -248,7 +250,13 @@ mod tests {
             text: "Hello".into(),
             calls: Vec::new(),
             logprobs: Vec::new(),
-            usage: Some((3, 2)),
+            usage: Some((
+                PromptTokens {
+                    total: 3,
+                    cached: 1,
+                },
+                2,
+            )),
             error: None,
             echo: Echo {
                 max_output_tokens: Some(2),
@@ -265,6 +273,7 @@ mod tests {
         assert_eq!(v["output"][0]["content"][0]["text"], "Hello");
         assert_eq!(v["output"][0]["status"], "incomplete");
         assert_eq!(v["usage"]["total_tokens"], 5);
+        assert_eq!(v["usage"]["input_tokens_details"]["cached_tokens"], 1);
         let v = record(Status::Completed).render();
         assert!(v["incomplete_details"].is_null());
         assert_eq!(v["output"][0]["status"], "completed");

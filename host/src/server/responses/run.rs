@@ -24,6 +24,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::object::{part, Record, Status};
 use crate::server::generate::{token_logprobs, Sequence, TokenNames};
+use crate::server::protocol::PromptTokens;
 use crate::server::tools::{
     call_id, Answer, CallEvent, Piece, StreamedAnswer, ToolCall, ToolRequest,
 };
@@ -230,7 +231,10 @@ pub async fn drive(
     cancel: watch::Receiver<bool>,
     mut sink: Sink,
 ) {
-    let input_tokens = seq.num_prompt_tokens;
+    let input_tokens = PromptTokens {
+        total: seq.num_prompt_tokens,
+        cached: seq.num_cached_tokens,
+    };
     let mut output_tokens = 0;
     let mut emitter = match &sink {
         Sink::Stream(tx) => Some(Emitter {
