@@ -397,3 +397,47 @@ fn an_unknown_kv_cache_dtype_is_named() {
     let out = host(&["--kv-cache-dtype", "fp8_e5m2", "config", "show"]);
     assert_clear_error(&out, &["cache_dtype", "fp8_e5m2", "float16", "bfloat16"]);
 }
+
+/// `--chat-template` (vLLM's) replaces the model's template for `generate
+/// --chat` too: the chat answers as the prompt the template writes; a
+/// template that does not compile, or a path that names no file, stops
+/// start-up naming the key.
+#[test]
+fn a_chat_template_flag_replaces_the_models() {
+    let greedy = ["--temperature", "0", "--max-tokens", "12"];
+    let prompt = ["--prompt", "The capital of France is"];
+    let run = |args: &[&str]| {
+        let out = host(&[args, &greedy, &prompt].concat());
+        assert!(out.status.success(), "{}", stderr(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // The template writes the message alone: the chat is the completion.
+    let templated = run(&[
+        "--chat-template",
+        "{{ messages[0].content }}",
+        "generate",
+        "--chat",
+    ]);
+    assert_eq!(templated, run(&["generate"]));
+    assert!(templated.contains("Paris"), "{templated:?}");
+    assert_ne!(
+        templated,
+        run(&["generate", "--chat"]),
+        "the model's own template differs"
+    );
+
+    for (bad, says) in [
+        ("{% for m in messages %}", "does not compile"),
+        ("missing.jinja", "missing.jinja"),
+    ] {
+        let out = host(&[
+            "--chat-template",
+            bad,
+            "generate",
+            "--chat",
+            "--prompt",
+            "hi",
+        ]);
+        assert_clear_error(&out, &["model.chat_template", says]);
+    }
+}

@@ -81,6 +81,10 @@ struct EngineArgs {
     /// auto | gguf | safetensors | dummy [model.load_format].
     #[arg(long, global = true)]
     load_format: Option<String>,
+    /// The chat template: a Jinja file, or the template itself
+    /// [model.chat_template].
+    #[arg(long, global = true, value_name = "FILE|TEMPLATE")]
+    chat_template: Option<String>,
     /// Longest prompt + output; 0 = the model's context [model.max_model_len].
     #[arg(long, global = true)]
     max_model_len: Option<usize>,
@@ -161,6 +165,10 @@ impl EngineArgs {
             self.model.as_ref().map(|p| quoted(&p.to_string_lossy())),
         );
         push("model.load_format", self.load_format.as_deref().map(quoted));
+        push(
+            "model.chat_template",
+            self.chat_template.as_deref().map(quoted),
+        );
         push(
             "model.max_model_len",
             self.max_model_len.map(|v| v.to_string()),

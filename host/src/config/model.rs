@@ -105,6 +105,9 @@ pub struct ModelConfig {
     pub load_format: LoadFormat,
     /// A `tokenizer.json` to use instead of the model's own tokenizer.
     pub tokenizer: Option<PathBuf>,
+    /// The chat template to use instead of the model's own (vLLM's
+    /// `--chat-template`): a Jinja file's path, or the template itself.
+    pub chat_template: Option<String>,
     /// The longest sequence (prompt + output) to serve; 0 takes the model's
     /// trained context length, lowered to what the KV cache holds. A value
     /// the KV cache cannot hold is refused at start-up.
@@ -122,6 +125,7 @@ impl Default for ModelConfig {
             path: default_model_path(Path::new(".")),
             load_format: LoadFormat::Auto,
             tokenizer: None,
+            chat_template: None,
             max_model_len: 0,
             seed: 0,
             enforce_eager: false,

@@ -272,9 +272,35 @@ fn counts(replies: Vec<RpcValue>, method: &str) -> anyhow::Result<Vec<u64>> {
 }
 
 /// The configured model's tokenizer: `model.tokenizer`, the one beside a
-/// Hugging Face checkpoint, or the GGUF file's own.
+/// Hugging Face checkpoint, or the GGUF file's own; with
+/// `model.chat_template` as its chat template when set.
 pub fn load_tokenizer(config: &EngineConfig) -> anyhow::Result<Tokenizer> {
-    tokenizer_from(&config.model.path, config.model.tokenizer.as_deref())
+    let mut tokenizer = tokenizer_from(&config.model.path, config.model.tokenizer.as_deref())?;
+    if let Some(value) = &config.model.chat_template {
+        let source = chat_template_source(value)?;
+        tokenizer
+            .set_chat_template(&source)
+            .context("model.chat_template does not compile; fix the template or leave the key out for the model's own")?;
+    }
+    Ok(tokenizer)
+}
+
+/// `model.chat_template`'s template, read as vLLM reads `--chat-template`:
+/// the file it names, else the value itself when it reads as a template
+/// (it has a brace or a newline, which paths do not).
+fn chat_template_source(value: &str) -> anyhow::Result<String> {
+    let path = Path::new(value);
+    if path.is_file() {
+        return std::fs::read_to_string(path)
+            .with_context(|| format!("model.chat_template: cannot read `{value}`"));
+    }
+    if value.contains(['{', '}', '\n']) {
+        return Ok(value.to_string());
+    }
+    anyhow::bail!(
+        "model.chat_template: `{value}` is no file and no template; give the path of a Jinja \
+         file or the template itself"
+    )
 }
 
 fn tokenizer_from(model: &Path, explicit: Option<&Path>) -> anyhow::Result<Tokenizer> {
@@ -301,7 +327,29 @@ fn spinner(message: String) -> ProgressBar {
 
 #[cfg(test)]
 mod tests {
-    use super::fit_to_kv_cache;
+    use super::{chat_template_source, fit_to_kv_cache};
+
+    #[test]
+    fn a_chat_template_is_a_file_or_the_template_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t.jinja");
+        std::fs::write(&file, "{{ messages[0].content }}").unwrap();
+        let path = file.to_str().unwrap();
+        assert_eq!(
+            chat_template_source(path).unwrap(),
+            "{{ messages[0].content }}"
+        );
+        let inline = "{% for m in messages %}{{ m.content }}{% endfor %}";
+        assert_eq!(chat_template_source(inline).unwrap(), inline);
+        let missing = dir.path().join("absent.jinja");
+        let err = chat_template_source(missing.to_str().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("model.chat_template") && err.contains("absent.jinja"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn max_model_len_fits_the_kv_cache() {
