@@ -4,8 +4,9 @@
 //! against the same request with the kept tokens sent alone),
 //! `return_token_ids` and `return_tokens_as_token_ids` (checked against
 //! `/tokenize`, the text and the usage, streamed and not), and
-//! `continue_final_message` (against the prompt `/tokenize` renders) and
-//! `chat_template_kwargs`.
+//! `continue_final_message` (against the prompt `/tokenize` renders),
+//! `chat_template_kwargs`, and `documents` under an operator's
+//! `--chat-template` (against the template rendered by hand).
 
 use crate::harness::{chunks, Server};
 use serde_json::{json, Value};
@@ -406,4 +407,90 @@ fn chat_template_kwargs_reach_the_template_and_unread_ones_change_nothing() {
     );
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(r.json()["error"]["param"], "chat_template_kwargs");
+}
+
+/// An operator's chat template (vLLM's `--chat-template`, here a file)
+/// replaces the model's, and vLLM's `documents` reach it as its
+/// `documents` variable unless `chat_template_kwargs` sets one: each chat
+/// answers as completions answer the prompt the test renders by hand.
+#[test]
+fn documents_reach_an_operators_chat_template() {
+    let dir = tempfile::tempdir().unwrap();
+    let template = dir.path().join("rag.jinja");
+    std::fs::write(
+        &template,
+        "{%- if documents %}<|im_start|>system\nSources:\n{% for d in documents %}- {{ d.title }}: \
+         {{ d.text }}\n{% endfor %}<|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>\
+         {{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}\
+         <|im_start|>assistant\n{% endif %}",
+    )
+    .unwrap();
+    let server = Server::start(&["--chat-template", template.to_str().unwrap()]);
+    let question = "Where do the ferries leave from?";
+    let by_hand = |docs: &[(&str, &str)]| {
+        let mut text = String::new();
+        if !docs.is_empty() {
+            text.push_str("<|im_start|>system\nSources:\n");
+            for (title, body) in docs {
+                text.push_str(&format!("- {title}: {body}\n"));
+            }
+            text.push_str("<|im_end|>\n");
+        }
+        text + &format!("<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n")
+    };
+    let tokens = |body: Value| {
+        let r = server.post("/tokenize", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        ids(&r.json()["tokens"])
+    };
+    let messages = json!([{"role": "user", "content": question}]);
+    // The server renders with the operator's template.
+    assert_eq!(
+        tokens(json!({"messages": messages})),
+        tokens(json!({"prompt": by_hand(&[]), "add_special_tokens": false}))
+    );
+    let harbour = [("Harbour guide", "Ferries leave from pier 3 every hour.")];
+    let station = [("Station guide", "Trains leave from platform 9.")];
+    let as_json = |docs: &[(&str, &str)]| -> Value {
+        docs.iter()
+            .map(|(title, text)| json!({"title": title, "text": text}))
+            .collect()
+    };
+    for (body_extra, docs) in [
+        (json!({"documents": as_json(&harbour)}), &harbour),
+        (
+            json!({"documents": as_json(&harbour),
+                "chat_template_kwargs": {"documents": as_json(&station)}}),
+            &station,
+        ),
+    ] {
+        let mut chat = json!({"messages": messages, "max_tokens": 12, "temperature": 0});
+        for (k, v) in body_extra.as_object().unwrap() {
+            chat[k] = v.clone();
+        }
+        let r = server.post("/v1/chat/completions", &chat);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let answer = r.json();
+        let prompt = tokens(json!({"prompt": by_hand(docs), "add_special_tokens": false}));
+        assert_eq!(
+            answer["usage"]["prompt_tokens"],
+            prompt.len(),
+            "{body_extra}"
+        );
+        let want = server.post(
+            "/v1/completions",
+            &json!({"prompt": prompt, "max_tokens": 12, "temperature": 0}),
+        );
+        assert_eq!(
+            answer["choices"][0]["message"]["content"],
+            want.json()["choices"][0]["text"],
+            "{body_extra}"
+        );
+    }
+    let r = server.post(
+        "/v1/completions",
+        &json!({"prompt": "Hi", "documents": as_json(&harbour)}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "documents");
 }

@@ -357,6 +357,7 @@ impl ChatCompletionRequest {
             add_generation_prompt: self.add_generation_prompt,
             continue_final_message: self.continue_final_message,
             kwargs: self.chat_template_kwargs.as_ref(),
+            documents: self.documents.as_deref(),
             add_special_tokens: self.add_special_tokens,
         }
     }

@@ -100,7 +100,6 @@ const UNSUPPORTED: &[(&str, Neutral, &str)] = &[
     ),
     ("spaces_between_special_tokens", unset_or_true, "`false` is not supported; only the default, `true`"),
     ("chat_template", unset, "per-request chat templates are not supported; the model's own template is used"),
-    ("documents", unset, "documents are not supported (the chat template is not given them); put them in a message"),
     ("mm_processor_kwargs", unset, "multimodal processor arguments are not supported; this model takes text only"),
     ("audio", unset, "audio output is not supported; this model answers in text"),
     ("modalities", text_modalities, "modalities other than `text` are not supported"),
@@ -138,6 +137,11 @@ const UNSUPPORTED_IN_COMPLETIONS: &[Unsupported] = &[
         "chat_template_kwargs",
         unset,
         "applies to the chat template; /v1/chat/completions takes it (a completion prompt is not templated)",
+    ),
+    (
+        "documents",
+        unset,
+        "are given to the chat template; /v1/chat/completions takes them (put them in a completion's prompt)",
     ),
 ];
 
@@ -409,7 +413,6 @@ mod tests {
             ("logits_processors", json!(["m.P"]), json!(null)),
             ("spaces_between_special_tokens", json!(false), json!(true)),
             ("chat_template", json!("{{ x }}"), json!(null)),
-            ("documents", json!([{"text": "d"}]), json!(null)),
             ("mm_processor_kwargs", json!({"k": 1}), json!(null)),
             ("audio", json!({"voice": "alloy"}), json!(null)),
             ("modalities", json!(["text", "audio"]), json!(["text"])),
@@ -586,6 +589,7 @@ mod tests {
             "messages": [{"role": "user", "content": "hi", "name": null}], "logprobs": true,
             "top_logprobs": 1, "add_generation_prompt": true, "add_special_tokens": false,
             "max_completion_tokens": 3, "tool_choice": "none", "request_id": "r",
+            "documents": [{"title": "t", "text": "d"}],
         });
         assert_eq!(ignored_fields(&chat, Endpoint::Chat), (vec![], 0));
     }

@@ -222,15 +222,16 @@ pub fn check_messages(body: &Value, config: &ServerConfig) -> Result<(), ApiErro
         prompt_bytes("messages", bytes, config)?;
     }
     // A template may write its variables into the prompt.
-    if let Some(kwargs) = body.get("chat_template_kwargs") {
-        let bytes = json_len(kwargs);
-        at_most(
-            "chat_template_kwargs",
-            bytes,
-            "bytes as compact JSON",
-            config.max_prompt_bytes,
-            "max_prompt_bytes",
-        )?;
+    for field in ["chat_template_kwargs", "documents"] {
+        if let Some(value) = body.get(field) {
+            at_most(
+                field,
+                json_len(value),
+                "bytes as compact JSON",
+                config.max_prompt_bytes,
+                "max_prompt_bytes",
+            )?;
+        }
     }
     Ok(())
 }

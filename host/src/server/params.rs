@@ -2,8 +2,10 @@
 //! into a validated `SamplingParams`, prompts into token ids. Every error is
 //! a 400 that names the field (`param`) and says what would be right.
 
+use std::borrow::Cow;
+
 use serde::de::DeserializeOwned;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::error::ApiError;
 use super::fields::{FUNCTIONS, IGNORED_NAME_CHARS};
@@ -102,6 +104,9 @@ pub fn truncate_prompt(prompt: &mut Vec<u32>, keep: Option<usize>) -> bool {
     drop > 0
 }
 
+/// The template variable vLLM's `documents` fill.
+const DOCUMENTS: &str = "documents";
+
 /// How a chat request's messages become its prompt: the fields chat
 /// completions and `/tokenize` share.
 pub struct ChatRendering<'a> {
@@ -112,11 +117,14 @@ pub struct ChatRendering<'a> {
     pub continue_final_message: bool,
     /// The caller's template variables (`chat_template_kwargs`).
     pub kwargs: Option<&'a TemplateKwargs>,
+    /// vLLM's `documents`, the template's variable of that name unless
+    /// `kwargs` set it.
+    pub documents: Option<&'a [Map<String, Value>]>,
     /// Add the tokenizer's special tokens on top of the template's.
     pub add_special_tokens: bool,
 }
 
-impl ChatRendering<'_> {
+impl<'a> ChatRendering<'a> {
     /// The prompt's token ids: `messages` rendered by the model's template
     /// and tokenized.
     pub fn prompt(
@@ -139,19 +147,9 @@ impl ChatRendering<'_> {
                  set `add_generation_prompt: false`",
             ));
         }
-        let no_kwargs = TemplateKwargs::new();
-        let kwargs = self.kwargs.unwrap_or(&no_kwargs);
-        if let Some(key) = kwargs
-            .keys()
-            .find(|k| RESERVED_VARIABLES.contains(&k.as_str()))
-        {
-            return Err(ApiError::field(
-                &format!("chat_template_kwargs.{key}"),
-                "is set by the server from the request; leave it out",
-            ));
-        }
+        let variables = self.variables()?;
         let mut text = tokenizer
-            .apply_chat_template_with(messages, self.add_generation_prompt, kwargs)
+            .apply_chat_template_with(messages, self.add_generation_prompt, &variables)
             .map_err(|e| ApiError::field("messages", e))?;
         if self.continue_final_message {
             let last = messages.last().map_or("", |m| m.content.as_str());
@@ -165,6 +163,31 @@ impl ChatRendering<'_> {
             text.truncate(end);
         }
         Ok(text)
+    }
+
+    /// The template's variables besides those the renderer sets: the
+    /// caller's kwargs, and the documents unless the kwargs name some.
+    fn variables(&self) -> Result<Cow<'a, TemplateKwargs>, ApiError> {
+        let mut variables = match self.kwargs {
+            Some(kwargs) => Cow::Borrowed(kwargs),
+            None => Cow::Owned(TemplateKwargs::new()),
+        };
+        if let Some(key) = variables
+            .keys()
+            .find(|k| RESERVED_VARIABLES.contains(&k.as_str()))
+        {
+            return Err(ApiError::field(
+                &format!("chat_template_kwargs.{key}"),
+                "is set by the server from the request; leave it out",
+            ));
+        }
+        if let Some(documents) = self.documents {
+            if !variables.contains_key(DOCUMENTS) {
+                let documents = Value::from(documents.to_vec());
+                variables.to_mut().insert(DOCUMENTS.into(), documents);
+            }
+        }
+        Ok(variables)
     }
 }
 

@@ -178,6 +178,11 @@ pub struct ChatCompletionRequest {
     /// read, as transformers' does.
     #[serde(default)]
     pub chat_template_kwargs: Option<crate::tokenizer::TemplateKwargs>,
+    /// vLLM's `documents` (retrieval-augmented generation): the chat
+    /// template's `documents` variable, unless `chat_template_kwargs` sets
+    /// it (as in vLLM, where the kwargs win).
+    #[serde(default)]
+    pub documents: Option<Vec<serde_json::Map<String, Value>>>,
     /// vLLM's `request_id`: names the answer, whose `id` becomes
     /// `<prefix>-<request_id>` (an `X-Request-Id` header wins over it, as
     /// in vLLM; empty means unnamed).

@@ -178,6 +178,7 @@ fn tokenize_chat(app: &AppState, body: &Value) -> Result<(Vec<u32>, bool), ApiEr
         add_generation_prompt: req.add_generation_prompt,
         continue_final_message: req.continue_final_message,
         kwargs: req.chat_template_kwargs.as_ref(),
+        documents: None,
         add_special_tokens: req.add_special_tokens,
     };
     let ids = rendering.prompt(&app.tokenizer, &messages)?;

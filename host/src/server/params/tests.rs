@@ -349,3 +349,35 @@ fn the_last_message_is_left_open_after_its_text() {
     assert_eq!(open_end(text, ""), None);
     assert_eq!(open_end(text, "absent"), None);
 }
+
+#[test]
+fn documents_are_a_template_variable_unless_the_kwargs_set_one() {
+    let documents =
+        [json!({"title": "Tides", "text": "Twice a day."})].map(|d| d.as_object().unwrap().clone());
+    fn rendering<'a>(
+        kwargs: Option<&'a TemplateKwargs>,
+        documents: &'a [Map<String, Value>],
+    ) -> ChatRendering<'a> {
+        ChatRendering {
+            add_generation_prompt: true,
+            continue_final_message: false,
+            kwargs,
+            documents: Some(documents),
+            add_special_tokens: false,
+        }
+    }
+    let variables = rendering(None, &documents).variables().unwrap();
+    assert_eq!(
+        Value::Object(variables.into_owned()),
+        json!({"documents": [{"title": "Tides", "text": "Twice a day."}]})
+    );
+    let kwargs = json!({"documents": [], "enable_thinking": false});
+    let kwargs = kwargs.as_object().unwrap();
+    let variables = rendering(Some(kwargs), &documents).variables().unwrap();
+    assert_eq!(&*variables, kwargs, "the kwargs win, as in vLLM");
+    let reserved = json!({"messages": []});
+    let e = rendering(reserved.as_object(), &documents)
+        .variables()
+        .unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("chat_template_kwargs.messages"));
+}
