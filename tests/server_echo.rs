@@ -5,7 +5,8 @@
 //! (the prompt token in every position, logprobs <= 0, the top-k sorted by
 //! rank) unchanged by a prefix-cache hit a plain request would take, by a
 //! prefill cut into chunks, and by `echo`, which prefixes the choice's text
-//! and logprobs with the prompt's.
+//! and logprobs with the prompt's. Chat's `echo` (vLLM's) repeats the last
+//! message before an answer that continues its role.
 
 use crate::harness;
 
@@ -362,4 +363,69 @@ fn echo_prefixes_the_prompt_and_its_logprobs() {
         .json();
     let list = v["prompt_logprobs"].as_array().unwrap();
     assert!(list[0].is_null() && list.len() == v["usage"]["prompt_tokens"]);
+}
+
+/// vLLM's chat `echo`: an answer that continues the last message's role
+/// (an assistant message, or any last message without a generation
+/// prompt) starts with that message's text, followed by what the same
+/// request answers without `echo`, streamed (in the first chunk) or not,
+/// in every choice; after a user's message it repeats nothing.
+#[test]
+fn chat_echo_repeats_the_message_the_answer_continues() {
+    let server = Server::start(&[]);
+    let chat = |body: &Value| {
+        let r = server.post("/v1/chat/completions", body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    };
+    let contents = |answer: &Value| -> Vec<String> {
+        let choices = answer["choices"].as_array().unwrap();
+        choices
+            .iter()
+            .map(|c| c["message"]["content"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let begun = "The moon is";
+    let question = json!({"role": "user", "content": "Write a sentence about the moon."});
+    let cases = [
+        (
+            json!({"messages": [question, {"role": "assistant", "content": begun}],
+                "add_generation_prompt": false, "continue_final_message": true}),
+            begun,
+        ),
+        (
+            json!({"messages": [question, {"role": "assistant", "content": begun}]}),
+            begun,
+        ),
+        (json!({"messages": [question]}), ""),
+    ];
+    for (body, echoed) in cases {
+        let mut body = body;
+        for (k, v) in [
+            ("max_tokens", json!(8)),
+            ("temperature", json!(1)),
+            ("seed", json!(5)),
+            ("n", json!(2)),
+        ] {
+            body[k] = v;
+        }
+        let plain = contents(&chat(&body));
+        body["echo"] = json!(true);
+        let want: Vec<String> = plain.iter().map(|t| format!("{echoed}{t}")).collect();
+        assert_eq!(contents(&chat(&body)), want, "{body}");
+
+        body["stream"] = json!(true);
+        let r = server.post("/v1/chat/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let cs = chunks(&r.events());
+        let mut streamed = vec![String::new(); 2];
+        for c in &cs {
+            let choice = &c["choices"][0];
+            if let Some(text) = choice["delta"]["content"].as_str() {
+                streamed[choice["index"].as_u64().unwrap() as usize].push_str(text);
+            }
+        }
+        assert_eq!(streamed, want, "{body}");
+        assert_eq!(cs[0]["choices"][0]["delta"]["content"], echoed);
+    }
 }

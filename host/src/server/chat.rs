@@ -25,6 +25,7 @@ use super::AppState;
 use crate::engine::{Delta, Finish};
 use crate::sampling::MAX_LOGPROBS;
 use crate::step::Logprobs;
+use crate::tokenizer::ChatMessage;
 
 /// The handler; an error becomes its OpenAI-style response.
 pub async fn create(
@@ -57,6 +58,10 @@ pub async fn create(
         (false, _) => None,
     };
     let mut messages = params::chat_messages(&req.messages)?;
+    let echo = match req.echo {
+        true => echoed(&messages, req.add_generation_prompt),
+        false => String::new(),
+    };
     if let Some(t) = &tools {
         t.describe_to(&mut messages);
         limits::described_tools(&messages, &app.config)?;
@@ -128,6 +133,7 @@ pub async fn create(
         prompt_token_ids: returned_prompt,
         as_ids: req.return_tokens_as_token_ids.unwrap_or(false),
         unsent_ids: Vec::new(),
+        echo,
     };
     if req.stream {
         let options = req.stream_options.unwrap_or_default();
@@ -148,6 +154,16 @@ pub async fn create(
         object["prompt_token_ids"] = json!(ids);
     }
     Ok(Json(object).into_response())
+}
+
+/// What vLLM's chat `echo` repeats: the last message's text when the
+/// answer continues its role, which is the assistant's after a generation
+/// prompt and the last message's own without one; else nothing.
+fn echoed(messages: &[ChatMessage], add_generation_prompt: bool) -> String {
+    match messages.last() {
+        Some(last) if !add_generation_prompt || last.role == "assistant" => last.content.clone(),
+        _ => String::new(),
+    }
 }
 
 /// How an answer that calls functions finished: `tool_calls` when the
@@ -210,6 +226,9 @@ struct Format {
     /// Each streamed choice's tokens not yet sent in a chunk (held back
     /// with a tool answer's text), by index.
     unsent_ids: Vec<Vec<u32>>,
+    /// The text every choice's content starts with (vLLM's `echo`; empty
+    /// without it).
+    echo: String,
 }
 
 impl Format {
@@ -226,9 +245,10 @@ impl Format {
             Some(Answer::Calls(calls)) => {
                 finish = finish.as_ref().map(called_finish);
                 let calls: Vec<Value> = calls.iter().map(ToolCall::to_json).collect();
-                json!({"role": "assistant", "content": null, "tool_calls": calls})
+                let content = Some(&self.echo).filter(|e| !e.is_empty());
+                json!({"role": "assistant", "content": content, "tool_calls": calls})
             }
-            _ => json!({"role": "assistant", "content": c.text}),
+            _ => json!({"role": "assistant", "content": format!("{}{}", self.echo, c.text)}),
         };
         let mut choice = json!({
             "index": c.index,
@@ -279,7 +299,9 @@ fn content_logprobs(entries: Vec<Value>) -> Value {
 
 impl ChunkFormat for Format {
     fn opening(&self, index: usize) -> Option<Value> {
-        let choice = json!({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
+        let delta = json!({"role": "assistant", "content": self.echo});
+        let choice =
+            json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": null});
         let mut chunk = self.object("chat.completion.chunk", vec![choice], None);
         if let Some(ids) = &self.prompt_token_ids {
             chunk["prompt_token_ids"] = json!(ids);

@@ -110,14 +110,6 @@ const UNSUPPORTED: &[(&str, Neutral, &str)] = &[
     ("store", unset, "stored completions are not supported"),
 ];
 
-/// Fields vLLM defines on the chat endpoint that only the completions
-/// endpoint implements here: refused unless neutral.
-const UNSUPPORTED_IN_CHAT: &[Unsupported] = &[(
-    "echo",
-    unset,
-    "echoing the last message is not supported on chat completions; /v1/completions echoes prompts",
-)];
-
 /// Fields vLLM defines on the completions endpoint that only the chat
 /// endpoint implements here: refused unless neutral.
 const UNSUPPORTED_IN_COMPLETIONS: &[Unsupported] = &[
@@ -193,13 +185,11 @@ pub fn check_fields(body: &Value, endpoint: Endpoint) -> Result<(), ApiError> {
             return Err(ApiError::field(field, why));
         }
     }
-    let only_elsewhere = match endpoint {
-        Endpoint::Chat => UNSUPPORTED_IN_CHAT,
-        Endpoint::Completions => UNSUPPORTED_IN_COMPLETIONS,
-    };
-    for (field, neutral, why) in only_elsewhere {
-        if body.get(*field).is_some_and(|v| !neutral(v)) {
-            return Err(ApiError::field(field, why));
+    if endpoint == Endpoint::Completions {
+        for (field, neutral, why) in UNSUPPORTED_IN_COMPLETIONS {
+            if body.get(*field).is_some_and(|v| !neutral(v)) {
+                return Err(ApiError::field(field, why));
+            }
         }
     }
     if endpoint == Endpoint::Chat {
@@ -310,7 +300,6 @@ fn ignored_fields(body: &Value, endpoint: Endpoint) -> (Vec<String>, usize) {
             || sampling.contains(&k)
             || HARMLESS.contains(&k)
             || UNSUPPORTED.iter().any(|(f, ..)| *f == k)
-            || (endpoint == Endpoint::Chat && UNSUPPORTED_IN_CHAT.iter().any(|(f, ..)| *f == k))
             || (endpoint == Endpoint::Completions
                 && UNSUPPORTED_IN_COMPLETIONS.iter().any(|(f, ..)| *f == k))
     };
@@ -555,13 +544,13 @@ mod tests {
     }
 
     #[test]
-    fn echo_is_a_completions_field_and_prompt_logprobs_a_sampling_one() {
+    fn echo_is_known_to_both_and_prompt_logprobs_a_sampling_one() {
         let body = json!({"prompt": "p", "echo": true, "prompt_logprobs": 2});
         assert!(check_fields(&body, Endpoint::Completions).is_ok());
         assert_eq!(ignored_fields(&body, Endpoint::Completions), (vec![], 0));
         let chat = json!({"messages": [{"role": "user", "content": "hi"}], "echo": true});
-        let e = check_fields(&chat, Endpoint::Chat).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("echo"));
+        assert!(check_fields(&chat, Endpoint::Chat).is_ok());
+        assert_eq!(ignored_fields(&chat, Endpoint::Chat), (vec![], 0));
         let chat = json!({"messages": [], "echo": false, "prompt_logprobs": 0});
         assert!(check_fields(&chat, Endpoint::Chat).is_ok());
         assert_eq!(ignored_fields(&chat, Endpoint::Chat), (vec![], 0));

@@ -183,6 +183,10 @@ pub struct ChatCompletionRequest {
     /// it (as in vLLM, where the kwargs win).
     #[serde(default)]
     pub documents: Option<Vec<serde_json::Map<String, Value>>>,
+    /// vLLM's chat `echo`: the answer repeats the last message before its
+    /// own text when it continues that message's role.
+    #[serde(default)]
+    pub echo: bool,
     /// vLLM's `request_id`: names the answer, whose `id` becomes
     /// `<prefix>-<request_id>` (an `X-Request-Id` header wins over it, as
     /// in vLLM; empty means unnamed).
