@@ -185,6 +185,15 @@ pub fn check_fields(body: &Value, endpoint: Endpoint) -> Result<(), ApiError> {
             return Err(ApiError::field(field, why));
         }
     }
+    // As in vLLM (and OpenAI): options of a stream that is not asked for
+    // are a mistake to point out, not to ignore.
+    let streamed = body.get("stream") == Some(&Value::Bool(true));
+    if !streamed && body.get("stream_options").is_some_and(|v| !unset(v)) {
+        return Err(ApiError::field(
+            "stream_options",
+            "applies to streamed answers only; set `stream: true` or leave it out",
+        ));
+    }
     if endpoint == Endpoint::Completions {
         for (field, neutral, why) in UNSUPPORTED_IN_COMPLETIONS {
             if body.get(*field).is_some_and(|v| !neutral(v)) {
@@ -420,9 +429,14 @@ mod tests {
                 assert!(check_fields(&body, endpoint).is_ok(), "{body}");
             }
         }
-        let body =
-            json!({"stream_options": {"include_usage": true, "continuous_usage_stats": true}});
+        let mut body = json!({"stream": true,
+            "stream_options": {"include_usage": true, "continuous_usage_stats": true}});
         assert!(check_fields(&body, Endpoint::Chat).is_ok());
+        body["stream"] = json!(false);
+        let e = check_fields(&body, Endpoint::Completions).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("stream_options"));
+        body["stream_options"] = Value::Null;
+        assert!(check_fields(&body, Endpoint::Completions).is_ok());
     }
 
     #[test]
