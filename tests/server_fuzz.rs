@@ -103,6 +103,11 @@ const FIELDS: &[&str] = &[
     "return_tokens_as_token_ids",
     "chat_template_kwargs",
     "request_id",
+    // Not `use_beam_search`: a search runs one engine round trip per token
+    // (as in vLLM), so a fuzzed chat with the default max_tokens would run
+    // for minutes; its fields are checked in server_beam_search.
+    "length_penalty",
+    "documents",
     "user",
     // /tokenize, /detokenize and /v1/responses.
     "tokens",

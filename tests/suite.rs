@@ -28,6 +28,7 @@ mod predicted_outputs;
 mod recovery;
 mod reference_agreement;
 mod server;
+mod server_beam_search;
 mod server_echo;
 mod server_faults;
 mod server_fuzz;

@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
+use super::beam::BeamSearch;
 use super::error::ApiError;
 use super::fields::{self, Endpoint};
 use super::generate::{self, Choice, TokenNames};
@@ -84,6 +85,16 @@ pub async fn create(
         app.default_max_tokens(prompt.len()),
         &app.tokenizer,
     )?;
+    let alone = [
+        (req.stream, "stream"),
+        (tools.as_ref().is_some_and(ToolRequest::may_call), "tools"),
+        (constraint.is_some(), "response_format"),
+        (!prediction.is_empty(), "prediction"),
+    ];
+    let alone = alone
+        .into_iter()
+        .find_map(|(set, field)| set.then_some(field));
+    let beam = BeamSearch::requested(req.use_beam_search, req.length_penalty, &params, alone)?;
     let max_model_len = app.client.max_model_len();
     // Truncation keeps the prompt's end: the last messages and the
     // assistant's turn the template opens.
@@ -110,6 +121,21 @@ pub async fn create(
     // The engine requests get ids of the server's own, unique even when
     // clients reuse a name.
     let engine_id = app.next_request_id("chatcmpl");
+    let format = Format {
+        id,
+        created: super::unix_now(),
+        app: app.clone(),
+        tools: tools.filter(ToolRequest::may_call),
+        streams: Vec::new(),
+        prompt_token_ids: returned_prompt,
+        as_ids: req.return_tokens_as_token_ids.unwrap_or(false),
+        unsent_ids: Vec::new(),
+        echo,
+    };
+    if let Some(beam) = beam {
+        let (choices, usage) = beam.run(&app, &engine_id, vec![prompt], extras).await?;
+        return Ok(Json(format.answer(&choices, usage, None)).into_response());
+    }
     let seqs = generate::start(&app, &engine_id, vec![prompt], &params, extras)
         .await
         .map_err(|mut e| {
@@ -124,17 +150,6 @@ pub async fn create(
             }
             e
         })?;
-    let format = Format {
-        id,
-        created: super::unix_now(),
-        app: app.clone(),
-        tools: tools.filter(ToolRequest::may_call),
-        streams: Vec::new(),
-        prompt_token_ids: returned_prompt,
-        as_ids: req.return_tokens_as_token_ids.unwrap_or(false),
-        unsent_ids: Vec::new(),
-        echo,
-    };
     if req.stream {
         let options = req.stream_options.unwrap_or_default();
         return Ok(sse::stream(app.clone(), seqs, format, options));
@@ -145,15 +160,7 @@ pub async fn create(
         let entries = choices.first().and_then(|c| c.prompt_logprobs.as_deref());
         generate::prompt_logprobs_json(&app.tokenizer, entries.unwrap_or_default(), k)
     });
-    let choices: Vec<Value> = choices.iter().map(|c| format.choice(c)).collect();
-    let mut object = format.object("chat.completion", choices, Some(usage));
-    if let Some(p) = prompt_logprobs {
-        object["prompt_logprobs"] = p;
-    }
-    if let Some(ids) = &format.prompt_token_ids {
-        object["prompt_token_ids"] = json!(ids);
-    }
-    Ok(Json(object).into_response())
+    Ok(Json(format.answer(&choices, usage, prompt_logprobs)).into_response())
 }
 
 /// What vLLM's chat `echo` repeats: the last message's text when the
@@ -237,6 +244,20 @@ impl Format {
             "id": self.id, "object": object, "created": self.created, "model": self.app.model_name,
             "choices": choices, "usage": usage,
         })
+    }
+
+    /// The unstreamed answer: the choices, their usage, and the prompt's
+    /// logprobs and token ids when asked for.
+    fn answer(&self, choices: &[Choice], usage: Usage, prompt_logprobs: Option<Value>) -> Value {
+        let choices: Vec<Value> = choices.iter().map(|c| self.choice(c)).collect();
+        let mut object = self.object("chat.completion", choices, Some(usage));
+        if let Some(p) = prompt_logprobs {
+            object["prompt_logprobs"] = p;
+        }
+        if let Some(ids) = &self.prompt_token_ids {
+            object["prompt_token_ids"] = json!(ids);
+        }
+        object
     }
 
     fn choice(&self, c: &Choice) -> Value {

@@ -19,6 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
+use super::beam::BeamSearch;
 use super::error::ApiError;
 use super::fields::{self, Endpoint};
 use super::generate::{self, clamp_logprob, prompt_logprobs_json, Choice, TokenNames};
@@ -68,6 +69,15 @@ pub async fn create(
     }
     let mut params =
         params::sampling_params(&sampling, req.logprobs, DEFAULT_MAX_TOKENS, &app.tokenizer)?;
+    let alone = [
+        (req.stream, "stream"),
+        (req.echo, "echo"),
+        (constraint.is_some(), "response_format"),
+    ];
+    let alone = alone
+        .into_iter()
+        .find_map(|(set, field)| set.then_some(field));
+    let beam = BeamSearch::requested(req.use_beam_search, req.length_penalty, &params, alone)?;
     // Echoed logprobs are the prompt logprobs, computed in the prefill.
     if let Some(k) = req.logprobs.filter(|_| req.echo) {
         params.prompt_logprobs = Some(params.prompt_logprobs.map_or(k, |p| p.max(k)));
@@ -119,11 +129,6 @@ pub async fn create(
     // The engine requests get ids of the server's own, unique even when
     // clients reuse a name.
     let engine_id = app.next_request_id("cmpl");
-    let mut seqs = generate::start(&app, &engine_id, prompts, &params, extras).await?;
-    if prompt_only {
-        seqs.iter_mut()
-            .for_each(generate::Sequence::set_prompt_only);
-    }
     let format = Format {
         id,
         created: super::unix_now(),
@@ -136,6 +141,16 @@ pub async fn create(
         as_ids: req.return_tokens_as_token_ids.unwrap_or(false),
         first_sent: Vec::new(),
     };
+    if let Some(beam) = beam {
+        let (choices, usage) = beam.run(&app, &engine_id, prompts, extras).await?;
+        let choices: Vec<Value> = choices.iter().map(|c| format.choice(c, true)).collect();
+        return Ok(Json(format.object(choices, Some(usage))).into_response());
+    }
+    let mut seqs = generate::start(&app, &engine_id, prompts, &params, extras).await?;
+    if prompt_only {
+        seqs.iter_mut()
+            .for_each(generate::Sequence::set_prompt_only);
+    }
     if req.stream {
         let options = req.stream_options.unwrap_or_default();
         return Ok(sse::stream(app.clone(), seqs, format, options));

@@ -91,8 +91,6 @@ const UNSUPPORTED: &[(&str, Neutral, &str)] = &[
     ("suffix", unset, "suffixes (fill in the middle) are not supported"),
     ("prompt_embeds", unset, "prompt embeddings are not supported; send text or token ids"),
     ("best_of", unset_or_one, "best_of other than 1 is not supported; use n for more choices"),
-    ("use_beam_search", unset, "beam search is not supported"),
-    ("length_penalty", unset_or_one, "length_penalty applies to beam search, which is not supported"),
     (
         "logits_processors",
         unset,
@@ -406,8 +404,6 @@ mod tests {
             ("suffix", json!("end"), json!("")),
             ("prompt_embeds", json!("AAAA"), json!(null)),
             ("best_of", json!(2), json!(1)),
-            ("use_beam_search", json!(true), json!(false)),
-            ("length_penalty", json!(0.5), json!(1.0)),
             ("logits_processors", json!(["m.P"]), json!(null)),
             ("spaces_between_special_tokens", json!(false), json!(true)),
             ("chat_template", json!("{{ x }}"), json!(null)),

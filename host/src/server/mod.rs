@@ -22,6 +22,7 @@
 mod admin;
 mod admission;
 mod auth;
+mod beam;
 mod chat;
 mod completions;
 mod error;

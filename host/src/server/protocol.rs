@@ -60,6 +60,14 @@ pub struct CompletionRequest {
     /// `grammar`, `json_object`); read by `structured::from_fields`.
     #[serde(default)]
     pub structured_outputs: Option<Value>,
+    /// vLLM's `use_beam_search`: the `n` choices are the `n` best beams
+    /// (`server::beam`).
+    #[serde(default)]
+    pub use_beam_search: bool,
+    /// vLLM's `length_penalty` of beam search: scores divide by the
+    /// length to this power (default 1).
+    #[serde(default)]
+    pub length_penalty: Option<f64>,
     /// vLLM's `request_id`: names the answer, whose `id` becomes
     /// `<prefix>-<request_id>` (an `X-Request-Id` header wins over it, as
     /// in vLLM; empty means unnamed).
@@ -187,6 +195,14 @@ pub struct ChatCompletionRequest {
     /// own text when it continues that message's role.
     #[serde(default)]
     pub echo: bool,
+    /// vLLM's `use_beam_search`: the `n` choices are the `n` best beams
+    /// (`server::beam`).
+    #[serde(default)]
+    pub use_beam_search: bool,
+    /// vLLM's `length_penalty` of beam search: scores divide by the
+    /// length to this power (default 1).
+    #[serde(default)]
+    pub length_penalty: Option<f64>,
     /// vLLM's `request_id`: names the answer, whose `id` becomes
     /// `<prefix>-<request_id>` (an `X-Request-Id` header wins over it, as
     /// in vLLM; empty means unnamed).

@@ -113,6 +113,8 @@ const UNSUPPORTED: &[Unsupported] = &[
     ("max_completion_tokens", unset, "is the chat API's name; use max_output_tokens"),
     ("logprobs", unset, "is the chat API's name; ask with `include: [\"message.output_text.logprobs\"]` and `top_logprobs`"),
     ("prompt_logprobs", unset, "prompt logprobs are not supported on /v1/responses; /v1/completions returns them"),
+    ("use_beam_search", unset, "beam search is not supported on /v1/responses; /v1/chat/completions and /v1/completions take it"),
+    ("length_penalty", unset, "applies to beam search, which /v1/responses does not take"),
     ("request_id", unset, "client-chosen ids are not supported on /v1/responses, where the id names the stored response; /v1/chat/completions and /v1/completions take it"),
     ("truncate_prompt_tokens", unset, "is not supported on /v1/responses (`truncation` takes `disabled` only); /v1/chat/completions and /v1/completions truncate prompts"),
 ];
