@@ -294,8 +294,8 @@ fn bad_input_gets_an_openai_error_naming_the_field() {
         ),
         (
             "/v1/chat/completions",
-            br#"{"messages": [{"role": "user", "content": "x"}], "echo": true}"#,
-            Some("echo"),
+            br#"{"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": true}}"#,
+            Some("stream_options"),
         ),
         (
             "/v1/completions",

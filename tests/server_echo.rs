@@ -348,11 +348,6 @@ fn echo_prefixes_the_prompt_and_its_logprobs() {
     );
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(r.json()["error"]["param"], "prompt_logprobs");
-    let r = server.post(
-        "/v1/chat/completions",
-        &json!({"messages": [{"role": "user", "content": "hi"}], "echo": true}),
-    );
-    assert_eq!(r.status, 400, "{}", r.text());
     // Chat gives the prompt's logprobs beside its choices, as vLLM does.
     let v = server
         .post(
