@@ -15,7 +15,7 @@ use crate::sampling::{SamplingParams, MAX_LOGPROBS};
 
 use super::error::ApiError;
 use super::generate::{self, Choice, Extras};
-use super::protocol::{PromptTokens, Usage};
+use super::protocol::{AnswerRequest, PromptTokens, Usage};
 use super::AppState;
 
 /// The widest beam search: each step asks for `2 × width` logprobs.
@@ -37,16 +37,16 @@ impl BeamSearch {
     /// without it. `params` are the request's validated sampling
     /// parameters: `n` is the width; a field beam search does not use
     /// (it ranks by the model's own logprobs) is a 400 naming it rather
-    /// than ignored. `alone` names a request-level feature it cannot go
-    /// with, if the request asked for one.
+    /// than ignored. `features` pairs the endpoint's own features beam
+    /// search cannot go with (tools, `echo`, …) with whether the request
+    /// asked for them; streaming is one for every endpoint.
     pub fn requested(
-        use_beam_search: bool,
-        length_penalty: Option<f64>,
+        answer: &AnswerRequest,
         params: &SamplingParams,
-        alone: Option<&str>,
+        features: &[(bool, &'static str)],
     ) -> Result<Option<BeamSearch>, ApiError> {
-        if !use_beam_search {
-            if length_penalty.is_some_and(|p| p != 1.0) {
+        if !answer.use_beam_search {
+            if answer.length_penalty.is_some_and(|p| p != 1.0) {
                 return Err(ApiError::field(
                     "length_penalty",
                     "applies to beam search; set `use_beam_search: true` or leave it out",
@@ -54,7 +54,10 @@ impl BeamSearch {
             }
             return Ok(None);
         }
-        if let Some(field) = alone.or_else(|| unused_field(params)) {
+        let feature = std::iter::once(&(answer.stream, "stream"))
+            .chain(features)
+            .find_map(|&(set, field)| set.then_some(field));
+        if let Some(field) = feature.or_else(|| unused_field(params)) {
             return Err(ApiError::field(
                 field,
                 "is not used by beam search, which ranks beams by the model's own logprobs; \
@@ -70,7 +73,7 @@ impl BeamSearch {
                 ),
             ));
         }
-        let length_penalty = length_penalty.unwrap_or(1.0);
+        let length_penalty = answer.length_penalty.unwrap_or(1.0);
         if !length_penalty.is_finite() {
             return Err(ApiError::field("length_penalty", "must be a finite number"));
         }
@@ -279,12 +282,20 @@ impl Search {
 mod tests {
     use super::*;
 
+    fn beams(length_penalty: Option<f64>) -> AnswerRequest {
+        AnswerRequest {
+            use_beam_search: true,
+            length_penalty,
+            ..AnswerRequest::default()
+        }
+    }
+
     fn search(length_penalty: f64) -> BeamSearch {
         let params = SamplingParams {
             n: 2,
             ..SamplingParams::default()
         };
-        BeamSearch::requested(true, Some(length_penalty), &params, None)
+        BeamSearch::requested(&beams(Some(length_penalty)), &params, &[])
             .unwrap()
             .unwrap()
     }
@@ -332,20 +343,34 @@ mod tests {
             top_p: 0.5,
             ..SamplingParams::default()
         };
-        let e = BeamSearch::requested(true, None, &params, None).unwrap_err();
+        let e = BeamSearch::requested(&beams(None), &params, &[]).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("top_p"));
-        let e = BeamSearch::requested(true, None, &SamplingParams::default(), Some("stream"))
-            .unwrap_err();
+        let streamed = AnswerRequest {
+            stream: true,
+            ..beams(None)
+        };
+        let plain = SamplingParams::default();
+        let e = BeamSearch::requested(&streamed, &plain, &[]).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("stream"));
+        let features = [(false, "tools"), (true, "echo")];
+        let e = BeamSearch::requested(&beams(None), &plain, &features).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("echo"));
+        assert!(BeamSearch::requested(&beams(None), &plain, &features[..1])
+            .unwrap()
+            .is_some());
         let wide = SamplingParams {
             n: MAX_BEAM_WIDTH + 1,
             ..SamplingParams::default()
         };
-        let e = BeamSearch::requested(true, None, &wide, None).unwrap_err();
+        let e = BeamSearch::requested(&beams(None), &wide, &[]).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("n"));
-        let e = BeamSearch::requested(false, Some(0.5), &params, None).unwrap_err();
+        let penalised = |p| AnswerRequest {
+            length_penalty: Some(p),
+            ..AnswerRequest::default()
+        };
+        let e = BeamSearch::requested(&penalised(0.5), &params, &[]).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("length_penalty"));
-        assert!(BeamSearch::requested(false, Some(1.0), &params, None)
+        assert!(BeamSearch::requested(&penalised(1.0), &params, &[])
             .unwrap()
             .is_none());
     }

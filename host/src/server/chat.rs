@@ -18,7 +18,7 @@ use super::generate::{self, Choice, TokenNames};
 use super::limits;
 use super::params;
 use super::prediction;
-use super::protocol::{ChatCompletionRequest, SamplingRequest, Usage};
+use super::protocol::{AnswerRequest, ChatCompletionRequest, SamplingRequest, Usage};
 use super::sse::{self, ChunkFormat};
 use super::structured;
 use super::tools::{call_id, Answer, Api, CallEvent, Piece, StreamedAnswer, ToolCall, ToolRequest};
@@ -38,12 +38,13 @@ pub async fn create(
     limits::check_chat(&body, &app.config)?;
     fields::check_fields(&body, Endpoint::Chat)?;
     let req: ChatCompletionRequest = params::typed(&body)?;
-    app.check_model(req.model.as_deref())?;
-    let id = app.answer_id("chatcmpl", &headers, req.request_id.as_deref())?;
+    let answer: AnswerRequest = params::typed(&body)?;
+    app.check_model(answer.model.as_deref())?;
+    let id = app.answer_id("chatcmpl", &headers, answer.request_id.as_deref())?;
     let tools = ToolRequest::from_body(&body, Api::Chat)?;
     let constraint = structured::from_fields(
-        req.response_format.as_ref(),
-        req.structured_outputs.as_ref(),
+        answer.response_format.as_ref(),
+        answer.structured_outputs.as_ref(),
     )?;
     let logprobs = match (req.logprobs, req.top_logprobs) {
         (_, Some(k)) if k > MAX_LOGPROBS => {
@@ -71,7 +72,7 @@ pub async fn create(
     let mut prompt = req.rendering().prompt(&app.tokenizer, &messages)?;
     let mut prediction = prediction::tokens(req.prediction.as_ref(), &app.tokenizer, &app.config)?;
     let sampling: SamplingRequest = params::typed(&body)?;
-    if req.stream && sampling.prompt_logprobs.is_some() {
+    if answer.stream && sampling.prompt_logprobs.is_some() {
         return Err(ApiError::field(
             "prompt_logprobs",
             "is not available with `stream: true` (as in vLLM)",
@@ -85,16 +86,12 @@ pub async fn create(
         app.default_max_tokens(prompt.len()),
         &app.tokenizer,
     )?;
-    let alone = [
-        (req.stream, "stream"),
+    let features = [
         (tools.as_ref().is_some_and(ToolRequest::may_call), "tools"),
         (constraint.is_some(), "response_format"),
         (!prediction.is_empty(), "prediction"),
     ];
-    let alone = alone
-        .into_iter()
-        .find_map(|(set, field)| set.then_some(field));
-    let beam = BeamSearch::requested(req.use_beam_search, req.length_penalty, &params, alone)?;
+    let beam = BeamSearch::requested(&answer, &params, &features)?;
     let max_model_len = app.client.max_model_len();
     // Truncation keeps the prompt's end: the last messages and the
     // assistant's turn the template opens.
@@ -114,7 +111,7 @@ pub async fn create(
         prediction: &prediction,
         ..generate::Extras::of(&sampling)
     };
-    let returned_prompt = req
+    let returned_prompt = answer
         .return_token_ids
         .unwrap_or(false)
         .then(|| prompt.clone());
@@ -128,7 +125,7 @@ pub async fn create(
         tools: tools.filter(ToolRequest::may_call),
         streams: Vec::new(),
         prompt_token_ids: returned_prompt,
-        as_ids: req.return_tokens_as_token_ids.unwrap_or(false),
+        as_ids: answer.return_tokens_as_token_ids.unwrap_or(false),
         unsent_ids: Vec::new(),
         echo,
     };
@@ -150,8 +147,8 @@ pub async fn create(
             }
             e
         })?;
-    if req.stream {
-        let options = req.stream_options.unwrap_or_default();
+    if answer.stream {
+        let options = answer.stream_options.unwrap_or_default();
         return Ok(sse::stream(app.clone(), seqs, format, options));
     }
     let (choices, usage) = generate::collect(&app, seqs).await?;

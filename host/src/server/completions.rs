@@ -25,7 +25,7 @@ use super::fields::{self, Endpoint};
 use super::generate::{self, clamp_logprob, prompt_logprobs_json, Choice, TokenNames};
 use super::limits;
 use super::params::{self, PromptInput};
-use super::protocol::{CompletionRequest, SamplingRequest, Usage};
+use super::protocol::{AnswerRequest, CompletionRequest, SamplingRequest, Usage};
 use super::sse::{self, ChunkFormat};
 use super::structured;
 use super::AppState;
@@ -47,14 +47,15 @@ pub async fn create(
     limits::check_completion(&body, &app.config, max_model_len)?;
     fields::check_fields(&body, Endpoint::Completions)?;
     let req: CompletionRequest = params::typed(&body)?;
-    app.check_model(req.model.as_deref())?;
-    let id = app.answer_id("cmpl", &headers, req.request_id.as_deref())?;
+    let answer: AnswerRequest = params::typed(&body)?;
+    app.check_model(answer.model.as_deref())?;
+    let id = app.answer_id("cmpl", &headers, answer.request_id.as_deref())?;
     let constraint = structured::from_fields(
-        req.response_format.as_ref(),
-        req.structured_outputs.as_ref(),
+        answer.response_format.as_ref(),
+        answer.structured_outputs.as_ref(),
     )?;
     let mut sampling: SamplingRequest = params::typed(&body)?;
-    if req.stream && sampling.prompt_logprobs.is_some() {
+    if answer.stream && sampling.prompt_logprobs.is_some() {
         return Err(ApiError::field(
             "prompt_logprobs",
             "is not available with `stream: true` (as in vLLM); `echo` with `logprobs` streams the prompt's",
@@ -69,15 +70,11 @@ pub async fn create(
     }
     let mut params =
         params::sampling_params(&sampling, req.logprobs, DEFAULT_MAX_TOKENS, &app.tokenizer)?;
-    let alone = [
-        (req.stream, "stream"),
+    let features = [
         (req.echo, "echo"),
         (constraint.is_some(), "response_format"),
     ];
-    let alone = alone
-        .into_iter()
-        .find_map(|(set, field)| set.then_some(field));
-    let beam = BeamSearch::requested(req.use_beam_search, req.length_penalty, &params, alone)?;
+    let beam = BeamSearch::requested(&answer, &params, &features)?;
     // Echoed logprobs are the prompt logprobs, computed in the prefill.
     if let Some(k) = req.logprobs.filter(|_| req.echo) {
         params.prompt_logprobs = Some(params.prompt_logprobs.map_or(k, |p| p.max(k)));
@@ -116,7 +113,7 @@ pub async fn create(
         limits::check_context(&field, prompt.len(), max_tokens, max_model_len)?;
     }
     app.constrain(&mut params, constraint, &sampling).await?;
-    let return_token_ids = req.return_token_ids.unwrap_or(false);
+    let return_token_ids = answer.return_token_ids.unwrap_or(false);
     let prompt_ids = Prompts {
         token_ids: match req.echo || return_token_ids {
             true => prompts.clone(),
@@ -138,7 +135,7 @@ pub async fn create(
         prompts: prompt_ids,
         echo,
         return_token_ids,
-        as_ids: req.return_tokens_as_token_ids.unwrap_or(false),
+        as_ids: answer.return_tokens_as_token_ids.unwrap_or(false),
         first_sent: Vec::new(),
     };
     if let Some(beam) = beam {
@@ -151,8 +148,8 @@ pub async fn create(
         seqs.iter_mut()
             .for_each(generate::Sequence::set_prompt_only);
     }
-    if req.stream {
-        let options = req.stream_options.unwrap_or_default();
+    if answer.stream {
+        let options = answer.stream_options.unwrap_or_default();
         return Ok(sse::stream(app.clone(), seqs, format, options));
     }
     let (choices, usage) = generate::collect(&app, seqs).await?;

@@ -9,7 +9,9 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::error::ApiError;
-use super::protocol::{ChatCompletionRequest, CompletionRequest, RequestMessage, SamplingRequest};
+use super::protocol::{
+    AnswerRequest, ChatCompletionRequest, CompletionRequest, RequestMessage, SamplingRequest,
+};
 use super::tools;
 
 /// Which endpoint a body was sent to: each reads its own fields.
@@ -301,9 +303,11 @@ fn ignored_fields(body: &Value, endpoint: Endpoint) -> (Vec<String>, usize) {
         Endpoint::Completions => field_names::<CompletionRequest>(),
         Endpoint::Chat => field_names::<ChatCompletionRequest>(),
     };
+    let answer = field_names::<AnswerRequest>();
     let sampling = field_names::<SamplingRequest>();
     let known = |k: &str| {
         own.contains(&k)
+            || answer.contains(&k)
             || sampling.contains(&k)
             || HARMLESS.contains(&k)
             || UNSUPPORTED.iter().any(|(f, ..)| *f == k)
@@ -646,5 +650,20 @@ mod tests {
             field_names::<RequestMessage>(),
             &["role", "content", "tool_calls", "tool_call_id", "name"]
         );
+        let answer = field_names::<AnswerRequest>();
+        assert!(answer.contains(&"stream") && answer.contains(&"request_id"));
+        // Each field is read by one of an endpoint's three structs: a name
+        // in two would be two readings that could disagree.
+        for own in [
+            field_names::<CompletionRequest>(),
+            field_names::<ChatCompletionRequest>(),
+        ] {
+            let shared: Vec<_> = own
+                .iter()
+                .filter(|f| answer.contains(f) || names.contains(f))
+                .collect();
+            assert!(shared.is_empty(), "{shared:?}");
+        }
+        assert!(answer.iter().all(|f| !names.contains(f)), "{answer:?}");
     }
 }

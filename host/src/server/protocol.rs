@@ -2,9 +2,10 @@
 //! response bodies and stream chunks we send back (vLLM's
 //! `entrypoints/openai/protocol.py`, trimmed to what this engine serves).
 //!
-//! Requests are read in two parts from the same JSON object: the endpoint's
-//! own fields (`CompletionRequest`, `ChatCompletionRequest`) and the sampling
-//! fields both endpoints share (`SamplingRequest`). These structs are the
+//! Requests are read in three parts from the same JSON object: the endpoint's
+//! own fields (`CompletionRequest`, `ChatCompletionRequest`), the fields
+//! both endpoints share about the answer (`AnswerRequest`) and the sampling
+//! fields they share (`SamplingRequest`). These structs are the
 //! list of the fields this server honours; the fields OpenAI or vLLM define
 //! beyond them are refused unless neutral, and any others are ignored with
 //! a warning in the log, as vLLM does (`fields::check_fields`).
@@ -26,21 +27,49 @@ pub struct StreamOptions {
     pub continuous_usage_stats: bool,
 }
 
+/// The fields completions and chat share beside the sampling ones: which
+/// model, and how the answer is shaped, streamed and named.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct AnswerRequest {
+    /// The served model's id; optional (the one model is meant).
+    pub model: Option<String>,
+    /// Answer with server-sent events as tokens are produced.
+    pub stream: bool,
+    /// Options of a streamed answer.
+    pub stream_options: Option<StreamOptions>,
+    /// OpenAI's output format (`text`, `json_object`, `json_schema`); read
+    /// by `structured::from_fields`, which checks its shape.
+    pub response_format: Option<Value>,
+    /// vLLM's structured-output constraint (`json`, `regex`, `choice`,
+    /// `grammar`, `json_object`); read by `structured::from_fields`.
+    pub structured_outputs: Option<Value>,
+    /// vLLM's `use_beam_search`: the `n` choices are the `n` best beams
+    /// (`server::beam`).
+    pub use_beam_search: bool,
+    /// vLLM's `length_penalty` of beam search: scores divide by the
+    /// length to this power (default 1).
+    pub length_penalty: Option<f64>,
+    /// vLLM's `request_id`: names the answer, whose `id` becomes
+    /// `<prefix>-<request_id>` (an `X-Request-Id` header wins over it, as
+    /// in vLLM; empty means unnamed).
+    pub request_id: Option<String>,
+    /// vLLM's `return_token_ids`: the answer carries the prompt's token
+    /// ids and each choice's generated ones (`prompt_token_ids`,
+    /// `token_ids`; streamed, the prompt's in the first chunk).
+    pub return_token_ids: Option<bool>,
+    /// vLLM's `return_tokens_as_token_ids`: logprobs name tokens
+    /// `token_id:<id>` instead of by their text (which a token that ends
+    /// inside a UTF-8 character does not have).
+    pub return_tokens_as_token_ids: Option<bool>,
+}
+
 /// `POST /v1/completions`: the endpoint's own fields.
 #[derive(Clone, Debug, Deserialize)]
 pub struct CompletionRequest {
-    /// The served model's id; optional (the one model is meant).
-    #[serde(default)]
-    pub model: Option<String>,
     /// A string, a list of strings, a list of token ids, or a list of
     /// token-id lists; classified by [`super::params::prompts_of`].
     pub prompt: Value,
-    /// Answer with server-sent events as tokens are produced.
-    #[serde(default)]
-    pub stream: bool,
-    /// Options of a streamed answer.
-    #[serde(default)]
-    pub stream_options: Option<StreamOptions>,
     /// Top log-probabilities to return per token (0..=20); `None` for none.
     #[serde(default)]
     pub logprobs: Option<u32>,
@@ -52,37 +81,6 @@ pub struct CompletionRequest {
     /// prompt tokens' logprobs to its logprobs, the first `null`).
     #[serde(default)]
     pub echo: bool,
-    /// OpenAI's output format (`text`, `json_object`, `json_schema`); read
-    /// by `structured::from_fields`, which checks its shape.
-    #[serde(default)]
-    pub response_format: Option<Value>,
-    /// vLLM's structured-output constraint (`json`, `regex`, `choice`,
-    /// `grammar`, `json_object`); read by `structured::from_fields`.
-    #[serde(default)]
-    pub structured_outputs: Option<Value>,
-    /// vLLM's `use_beam_search`: the `n` choices are the `n` best beams
-    /// (`server::beam`).
-    #[serde(default)]
-    pub use_beam_search: bool,
-    /// vLLM's `length_penalty` of beam search: scores divide by the
-    /// length to this power (default 1).
-    #[serde(default)]
-    pub length_penalty: Option<f64>,
-    /// vLLM's `request_id`: names the answer, whose `id` becomes
-    /// `<prefix>-<request_id>` (an `X-Request-Id` header wins over it, as
-    /// in vLLM; empty means unnamed).
-    #[serde(default)]
-    pub request_id: Option<String>,
-    /// vLLM's `return_token_ids`: the answer carries the prompt's token
-    /// ids and each choice's generated ones (`prompt_token_ids`,
-    /// `token_ids`; streamed, the prompt's in the first chunk).
-    #[serde(default)]
-    pub return_token_ids: Option<bool>,
-    /// vLLM's `return_tokens_as_token_ids`: logprobs name tokens
-    /// `token_id:<id>` instead of by their text (which a token that ends
-    /// inside a UTF-8 character does not have).
-    #[serde(default)]
-    pub return_tokens_as_token_ids: Option<bool>,
 }
 
 /// Message content: a string, or a list of parts of which only `text`
@@ -130,9 +128,6 @@ pub struct RequestMessage {
 /// `POST /v1/chat/completions`: the endpoint's own fields.
 #[derive(Clone, Debug, Deserialize)]
 pub struct ChatCompletionRequest {
-    /// The served model's id; optional (the one model is meant).
-    #[serde(default)]
-    pub model: Option<String>,
     /// The functions the model may call (read with `tool_choice` and
     /// `parallel_tool_calls` by `server::tools`).
     #[serde(default)]
@@ -145,12 +140,6 @@ pub struct ChatCompletionRequest {
     pub parallel_tool_calls: Option<serde_json::Value>,
     /// The conversation so far.
     pub messages: Vec<RequestMessage>,
-    /// Answer with server-sent events as tokens are produced.
-    #[serde(default)]
-    pub stream: bool,
-    /// Options of a streamed answer.
-    #[serde(default)]
-    pub stream_options: Option<StreamOptions>,
     /// Return the sampled tokens' log-probabilities.
     #[serde(default)]
     pub logprobs: bool,
@@ -165,14 +154,6 @@ pub struct ChatCompletionRequest {
     /// template writes (default false, as in vLLM).
     #[serde(default)]
     pub add_special_tokens: bool,
-    /// OpenAI's output format (`text`, `json_object`, `json_schema`); read
-    /// by `structured::from_fields`, which checks its shape.
-    #[serde(default)]
-    pub response_format: Option<Value>,
-    /// vLLM's structured-output constraint (`json`, `regex`, `choice`,
-    /// `grammar`, `json_object`); read by `structured::from_fields`.
-    #[serde(default)]
-    pub structured_outputs: Option<Value>,
     /// OpenAI's predicted output (`{"type": "content", "content": ...}`);
     /// read by `server::prediction`, which checks its shape.
     #[serde(default)]
@@ -195,29 +176,6 @@ pub struct ChatCompletionRequest {
     /// own text when it continues that message's role.
     #[serde(default)]
     pub echo: bool,
-    /// vLLM's `use_beam_search`: the `n` choices are the `n` best beams
-    /// (`server::beam`).
-    #[serde(default)]
-    pub use_beam_search: bool,
-    /// vLLM's `length_penalty` of beam search: scores divide by the
-    /// length to this power (default 1).
-    #[serde(default)]
-    pub length_penalty: Option<f64>,
-    /// vLLM's `request_id`: names the answer, whose `id` becomes
-    /// `<prefix>-<request_id>` (an `X-Request-Id` header wins over it, as
-    /// in vLLM; empty means unnamed).
-    #[serde(default)]
-    pub request_id: Option<String>,
-    /// vLLM's `return_token_ids`: the answer carries the prompt's token
-    /// ids and each choice's generated ones (`prompt_token_ids`,
-    /// `token_ids`; streamed, the prompt's in the first chunk).
-    #[serde(default)]
-    pub return_token_ids: Option<bool>,
-    /// vLLM's `return_tokens_as_token_ids`: logprobs name tokens
-    /// `token_id:<id>` instead of by their text (which a token that ends
-    /// inside a UTF-8 character does not have).
-    #[serde(default)]
-    pub return_tokens_as_token_ids: Option<bool>,
 }
 
 fn yes() -> bool {
