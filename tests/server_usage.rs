@@ -3,7 +3,8 @@
 //! checked against vLLM's rule and the server's own prefix-cache counter),
 //! vLLM's `continuous_usage_stats` (every chunk's counts against the token
 //! ids the chunks carry), and a client's name for its request (vLLM's
-//! `request_id` field and `X-Request-Id` header).
+//! `request_id` field and `X-Request-Id` header, which comes back on every
+//! response under `--enable-request-id-headers`).
 
 use crate::harness::{chunks, Server};
 use serde_json::{json, Value};
@@ -200,6 +201,7 @@ fn a_client_names_its_request() {
     assert!(chunks(&r.events())
         .iter()
         .all(|c| c["id"] == "chatcmpl-from-header"));
+    assert_eq!(r.header("x-request-id"), None, "echoed only when asked");
     let r = post("/v1/completions", &[], &named(completion("Hi"), ""));
     let id = r.json()["id"].as_str().unwrap().to_string();
     assert!(id.starts_with("cmpl-") && id.len() > "cmpl-".len(), "{id}");
@@ -249,4 +251,50 @@ fn a_client_names_its_request() {
     );
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(r.json()["error"]["param"], "request_id");
+}
+
+/// vLLM's `--enable-request-id-headers`: every response carries
+/// `X-Request-Id`, the request's own (which also names the answer, streamed
+/// or not) or, when it sent none, a fresh one per request; refusals too.
+#[test]
+fn responses_carry_the_request_id_when_asked() {
+    let server = Server::start(&["--enable-request-id-headers"]);
+    let post = |headers: &[(&str, &str)], path: &str, body: &Value| {
+        server.request("POST", path, headers, &serde_json::to_vec(body).unwrap())
+    };
+    let completion = json!({"prompt": "Hi", "max_tokens": 3, "temperature": 0});
+    let r = post(&[("X-Request-Id", "job-9")], "/v1/completions", &completion);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-request-id").as_deref(), Some("job-9"));
+    assert_eq!(r.json()["id"], "cmpl-job-9");
+    let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3,
+        "stream": true});
+    let r = post(&[("X-Request-Id", "job-10")], "/v1/chat/completions", &chat);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-request-id").as_deref(), Some("job-10"));
+    assert!(chunks(&r.events())
+        .iter()
+        .all(|c| c["id"] == "chatcmpl-job-10"));
+
+    let fresh: Vec<String> = (0..2)
+        .map(|_| {
+            let r = post(&[], "/v1/completions", &completion);
+            assert_eq!(r.status, 200, "{}", r.text());
+            r.header("x-request-id").expect("a fresh id")
+        })
+        .collect();
+    assert!(!fresh[0].is_empty() && fresh[0] != fresh[1], "{fresh:?}");
+
+    let r = post(
+        &[("X-Request-Id", "job-11")],
+        "/v1/completions",
+        &json!({"n": -1}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.header("x-request-id").as_deref(), Some("job-11"));
+    let r = server.request("GET", "/no/such/page", &[("X-Request-Id", "job-12")], b"");
+    assert_eq!(r.status, 404);
+    assert_eq!(r.header("x-request-id").as_deref(), Some("job-12"));
+    let r = server.get("/health");
+    assert!(r.header("x-request-id").is_some_and(|id| !id.is_empty()));
 }

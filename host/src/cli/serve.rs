@@ -33,6 +33,10 @@ pub struct ServeArgs {
     /// Log no periodic stats lines [server.disable_log_stats].
     #[arg(long)]
     pub disable_log_stats: bool,
+    /// Send `X-Request-Id` on every response
+    /// [server.enable_request_id_headers].
+    #[arg(long)]
+    pub enable_request_id_headers: bool,
 }
 
 impl ServeArgs {
@@ -51,6 +55,9 @@ impl ServeArgs {
         }
         if self.disable_log_stats {
             out.push("server.disable_log_stats=true".into());
+        }
+        if self.enable_request_id_headers {
+            out.push("server.enable_request_id_headers=true".into());
         }
         out
     }

@@ -20,6 +20,10 @@ pub struct ServerConfig {
     /// Serve `POST /collective_rpc`, which calls worker(-extension) methods
     /// by name. Off by default: it reaches into the workers.
     pub enable_rpc_endpoint: bool,
+    /// Send an `X-Request-Id` header on every response: the request's own,
+    /// or a fresh id when it had none (vLLM's
+    /// `--enable-request-id-headers`).
+    pub enable_request_id_headers: bool,
     /// On SIGTERM / Ctrl-C: `true` lets running requests finish (new ones
     /// get 503), `false` aborts them at once.
     pub drain_on_shutdown: bool,
@@ -90,6 +94,7 @@ impl Default for ServerConfig {
             served_model_name: String::new(),
             max_body_bytes: 4 << 20,
             enable_rpc_endpoint: false,
+            enable_request_id_headers: false,
             drain_on_shutdown: true,
             engine_core_process: true,
             max_n: 128,

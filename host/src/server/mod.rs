@@ -37,6 +37,7 @@ mod params;
 mod plugins;
 mod prediction;
 pub mod protocol;
+mod request_id;
 mod responses;
 mod routes;
 mod sse;
@@ -70,9 +71,6 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the server keeps answering 503 after the engine died, so
 /// clients see why, before the process exits non-zero.
 const DEAD_GRACE: Duration = Duration::from_secs(1);
-
-/// The header a client names its request in (vLLM reads the same).
-const REQUEST_ID_HEADER: &str = "x-request-id";
 
 /// A check of a request's final `extra_args` before it is queued, so that
 /// what a plugin cannot take (a JSON schema or grammar that does not
@@ -198,7 +196,7 @@ impl AppState {
         headers: &HeaderMap,
         body: Option<&str>,
     ) -> Result<String, ApiError> {
-        let header = match headers.get(REQUEST_ID_HEADER) {
+        let header = match headers.get(request_id::HEADER) {
             Some(v) => Some(v.to_str().map_err(|_| {
                 ApiError::field(
                     "X-Request-Id",

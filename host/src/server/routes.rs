@@ -13,11 +13,14 @@ use axum::{middleware, Json, Router};
 
 use super::error::ApiError;
 use super::protocol::{ModelCard, ModelList, ModelPermission};
-use super::{admin, auth, chat, completions, guard, plugins, responses, tokenize, web, AppState};
+use super::{
+    admin, auth, chat, completions, guard, plugins, request_id, responses, tokenize, web, AppState,
+};
 
 /// Every route, the API key check on the `/v1` ones, `Content-Type` on
-/// those that take JSON, the body limit, CORS when configured and the
-/// `Host` check for a server listening on `local`.
+/// those that take JSON, the body limit, CORS when configured, the `Host`
+/// check for a server listening on `local`, and `X-Request-Id` on every
+/// response when configured.
 pub fn router(app: Arc<AppState>, local: SocketAddr) -> Router {
     let mut json = Router::new()
         .route("/v1/completions", post(completions::create))
@@ -69,9 +72,15 @@ pub fn router(app: Arc<AppState>, local: SocketAddr) -> Router {
         router = router.layer(middleware::from_fn_with_state(Arc::new(cors), guard::cors));
     }
     let hosts = Arc::new(guard::HostPolicy::new(&app.config, local));
-    router
-        .layer(middleware::from_fn_with_state(hosts, guard::check_host))
-        .with_state(app)
+    router = router.layer(middleware::from_fn_with_state(hosts, guard::check_host));
+    // Outermost: every response carries the header, refusals included.
+    if app.config.enable_request_id_headers {
+        router = router.layer(middleware::from_fn_with_state(
+            app.clone(),
+            request_id::echo,
+        ));
+    }
+    router.with_state(app)
 }
 
 /// 200 only while the engine core's loop is alive and the server is not
