@@ -350,6 +350,63 @@ fn bad_batch_lines_are_named() {
     assert_clear_error(&out, &["in.jsonl:2", "temprature"]);
 }
 
+/// vLLM's `cache_salt` on a batch line: a prompt is served from the
+/// prefix cache by an earlier prompt of the same salt only. One request runs
+/// at a time, so each finds the blocks of those before it; a hit covers the
+/// prompt's full blocks short of its last token (vLLM's rule).
+#[test]
+fn batch_lines_take_a_cache_salt() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("salted.jsonl");
+    let output = dir.path().join("results.jsonl");
+    let prompt = "The history of the city goes back two thousand years, to a small \
+                  settlement of fishermen on the river bank, which grew into a market town \
+                  and then, under the merchants of the middle ages, into a port that traded \
+                  with every coast of the northern sea";
+    let line = |salt: Option<&str>| {
+        let mut l = serde_json::json!({"prompt": prompt, "max_tokens": 1, "temperature": 0});
+        if let Some(salt) = salt {
+            l["cache_salt"] = salt.into();
+        }
+        format!("{l}\n")
+    };
+    let salts = [None, None, Some("a"), Some("a"), Some("b"), None];
+    std::fs::write(&input, salts.map(line).concat()).unwrap();
+    let out = host(&[
+        "--max-num-seqs",
+        "1",
+        "generate",
+        "--input",
+        path(&input),
+        "--output",
+        path(&output),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&output)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let prompt_tokens = lines[0]["num_prompt_tokens"].as_u64().unwrap();
+    let hit = (prompt_tokens - 1) / 16 * 16;
+    assert!(hit >= 32, "a prompt of {prompt_tokens} tokens");
+    let cached: Vec<u64> = lines
+        .iter()
+        .map(|l| l["num_cached_tokens"].as_u64().unwrap())
+        .collect();
+    assert_eq!(cached, [0, hit, 0, hit, 0, hit], "salts {salts:?}");
+
+    std::fs::write(&input, line(Some(""))).unwrap();
+    let out = host(&[
+        "generate",
+        "--input",
+        path(&input),
+        "--output",
+        path(&output),
+    ]);
+    assert_clear_error(&out, &["salted.jsonl:1", "cache_salt", "must not be empty"]);
+}
+
 #[test]
 fn config_show_prints_the_effective_config() {
     let out = host(&[

@@ -189,12 +189,7 @@ fn stop_strings_abort_and_free_every_block() {
     let mut llm = Llm::new(&config(512, 2048, true)).unwrap();
     let requests: Vec<GenerateRequest> = texts
         .iter()
-        .map(|t| GenerateRequest {
-            prompt: Prompt::Text(t.clone()),
-            params: params.clone(),
-            priority: 0,
-            prediction: None,
-        })
+        .map(|t| GenerateRequest::new(Prompt::Text(t.clone()), params.clone()))
         .collect();
     let results = llm.generate(&requests, |_, _| {}, |_, _| {}).unwrap();
     for r in results {
@@ -244,12 +239,7 @@ fn async_scheduling_does_not_change_outputs() {
         let requests: Vec<GenerateRequest> = texts
             .iter()
             .zip(&params)
-            .map(|(t, p)| GenerateRequest {
-                prompt: Prompt::Text(t.clone()),
-                params: p.clone(),
-                priority: 0,
-                prediction: None,
-            })
+            .map(|(t, p)| GenerateRequest::new(Prompt::Text(t.clone()), p.clone()))
             .collect();
         let got: Vec<(Vec<u32>, String)> = llm
             .generate(&requests, |_, _| {}, |_, _| {})

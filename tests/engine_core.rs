@@ -108,12 +108,7 @@ fn streams_from_many_threads_equal_the_offline_api() {
         .collect();
     let requests: Vec<GenerateRequest> = prompts
         .iter()
-        .map(|ids| GenerateRequest {
-            prompt: Prompt::Tokens(ids.clone()),
-            params: params.clone(),
-            priority: 0,
-            prediction: None,
-        })
+        .map(|ids| GenerateRequest::new(Prompt::Tokens(ids.clone()), params.clone()))
         .collect();
     let expected: Vec<Vec<u32>> = llm
         .generate(&requests, |_, _| {}, |_, _| {})

@@ -37,16 +37,16 @@ fn config(cls: &str) -> EngineConfig {
 fn greedy(llm: &mut Llm) -> Vec<Vec<u32>> {
     let reqs: Vec<GenerateRequest> = PROMPTS
         .iter()
-        .map(|p| GenerateRequest {
-            prompt: Prompt::Text(p.to_string()),
-            params: SamplingParams {
-                temperature: 0.0,
-                max_tokens: TOKENS,
-                ignore_eos: true,
-                ..SamplingParams::default()
-            },
-            priority: 0,
-            prediction: None,
+        .map(|p| {
+            GenerateRequest::new(
+                Prompt::Text(p.to_string()),
+                SamplingParams {
+                    temperature: 0.0,
+                    max_tokens: TOKENS,
+                    ignore_eos: true,
+                    ..SamplingParams::default()
+                },
+            )
         })
         .collect();
     let done = llm.generate(&reqs, |_, _| {}, |_, _| {}).unwrap();
@@ -143,12 +143,7 @@ fn generate(llm: &mut Llm, prompts: &[&str], params: &[SamplingParams]) -> Vec<V
     let reqs: Vec<GenerateRequest> = prompts
         .iter()
         .zip(params)
-        .map(|(p, params)| GenerateRequest {
-            prompt: Prompt::Text(p.to_string()),
-            params: params.clone(),
-            priority: 0,
-            prediction: None,
-        })
+        .map(|(p, params)| GenerateRequest::new(Prompt::Text(p.to_string()), params.clone()))
         .collect();
     let done = llm.generate(&reqs, |_, _| {}, |_, _| {}).unwrap();
     done.into_iter().map(|c| c.unwrap().token_ids).collect()

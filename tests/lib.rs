@@ -186,12 +186,7 @@ pub fn generate_all<S: AsRef<str>>(
     use host::engine::{GenerateRequest, Prompt};
     let requests: Vec<GenerateRequest> = prompts
         .iter()
-        .map(|p| GenerateRequest {
-            prompt: Prompt::Text(p.as_ref().to_string()),
-            params: params.clone(),
-            priority: 0,
-            prediction: None,
-        })
+        .map(|p| GenerateRequest::new(Prompt::Text(p.as_ref().to_string()), params.clone()))
         .collect();
     llm.generate(&requests, |_, _| {}, |_, _| {})
         .expect("the engine runs")

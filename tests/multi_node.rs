@@ -152,12 +152,7 @@ fn a_group_whose_remote_worker_died_is_restarted_with_the_node_and_finishes_unch
     let mut llm = Llm::new(&c).expect("the two-node group starts");
     let requests: Vec<GenerateRequest> = prompts
         .iter()
-        .map(|p| GenerateRequest {
-            prompt: Prompt::Text(p.to_string()),
-            params: params.clone(),
-            priority: 0,
-            prediction: None,
-        })
+        .map(|p| GenerateRequest::new(Prompt::Text(p.to_string()), params.clone()))
         .collect();
     let mut deltas = 0;
     let mut killed = None;

@@ -31,12 +31,7 @@ fn greedy(max_tokens: u32) -> SamplingParams {
 }
 
 fn request(text: &str, params: SamplingParams) -> GenerateRequest {
-    GenerateRequest {
-        prompt: Prompt::Text(text.to_string()),
-        params,
-        priority: 0,
-        prediction: None,
-    }
+    GenerateRequest::new(Prompt::Text(text.to_string()), params)
 }
 
 /// The model's own five most likely first tokens after `prompt`, most

@@ -35,18 +35,16 @@ fn engine_config(backend: &str) -> EngineConfig {
 /// tokens sit far from a tie; which tokens it flips depends on the last
 /// bits of the kernels in use.
 fn greedy_tokens(llm: &mut Llm) -> (Vec<u32>, Vec<u32>) {
-    let req = GenerateRequest {
-        prompt: Prompt::Text("The capital of France is".into()),
-        params: SamplingParams {
+    let req = GenerateRequest::new(
+        Prompt::Text("The capital of France is".into()),
+        SamplingParams {
             temperature: 0.0,
             max_tokens: 8,
             ignore_eos: true,
             logprobs: Some(0),
             ..SamplingParams::default()
         },
-        priority: 0,
-        prediction: None,
-    };
+    );
     let done = llm.generate(&[req], |_, _| {}, |_, _| {}).unwrap();
     let done = done.into_iter().next().unwrap().unwrap();
     let logprobs = done.logprobs.iter().map(|l| l.logprob.to_bits()).collect();
@@ -243,16 +241,16 @@ fn a_plugin_built_against_wit_0_1_still_loads_and_runs() {
     let mut llm = Llm::new(&c).unwrap();
     let reqs: Vec<GenerateRequest> = ["The sky is", "Water boils at", "My name is"]
         .iter()
-        .map(|t| GenerateRequest {
-            prompt: Prompt::Text(t.to_string()),
-            params: SamplingParams {
-                temperature: 0.0,
-                max_tokens: 2,
-                ignore_eos: true,
-                ..SamplingParams::default()
-            },
-            priority: 0,
-            prediction: None,
+        .map(|t| {
+            GenerateRequest::new(
+                Prompt::Text(t.to_string()),
+                SamplingParams {
+                    temperature: 0.0,
+                    max_tokens: 2,
+                    ignore_eos: true,
+                    ..SamplingParams::default()
+                },
+            )
         })
         .collect();
     let done = llm.generate(&reqs, |_, _| {}, |_, _| {}).unwrap();

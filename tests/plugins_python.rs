@@ -135,12 +135,7 @@ fn run(policy: &str) -> (Vec<usize>, Vec<Vec<u32>>, Vec<usize>) {
     };
     let reqs: Vec<GenerateRequest> = TEXTS
         .iter()
-        .map(|t| GenerateRequest {
-            prompt: Prompt::Text(t.to_string()),
-            params: params.clone(),
-            priority: 0,
-            prediction: None,
-        })
+        .map(|t| GenerateRequest::new(Prompt::Text(t.to_string()), params.clone()))
         .collect();
     let done: Vec<_> = llm
         .generate(&reqs, |_, _| {}, |_, _| {})

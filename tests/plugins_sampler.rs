@@ -64,12 +64,7 @@ fn run_counting(
     let reqs: Vec<GenerateRequest> = PROMPTS
         .iter()
         .zip(params)
-        .map(|(t, p)| GenerateRequest {
-            prompt: Prompt::Text(t.to_string()),
-            params: p.clone(),
-            priority: 0,
-            prediction: None,
-        })
+        .map(|(t, p)| GenerateRequest::new(Prompt::Text(t.to_string()), p.clone()))
         .collect();
     let mut llm = Llm::new(c).unwrap();
     let done = llm.generate(&reqs, |_, _| {}, |_, _| {}).unwrap();

@@ -26,16 +26,14 @@ const MAX_TOKENS: u32 = 96;
 /// The offline engine's greedy answer, without drafts or prediction.
 fn expected_answer() -> String {
     let config = e2e::default_config();
-    let req = GenerateRequest {
-        prompt: Prompt::Chat(vec![ChatMessage::new("user", question().as_str())]),
-        params: SamplingParams {
+    let req = GenerateRequest::new(
+        Prompt::Chat(vec![ChatMessage::new("user", question().as_str())]),
+        SamplingParams {
             temperature: 0.0,
             max_tokens: MAX_TOKENS,
             ..SamplingParams::default()
         },
-        priority: 0,
-        prediction: None,
-    };
+    );
     let mut done = Llm::new(&config)
         .unwrap()
         .generate(&[req], |_, _| {}, |_, _| {})

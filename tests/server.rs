@@ -20,12 +20,7 @@ fn offline(prompts: Vec<Prompt>, params: SamplingParams) -> Vec<Completion> {
     let mut llm = Llm::new(&config).unwrap();
     let reqs: Vec<_> = prompts
         .into_iter()
-        .map(|prompt| GenerateRequest {
-            prompt,
-            params: params.clone(),
-            priority: 0,
-            prediction: None,
-        })
+        .map(|prompt| GenerateRequest::new(prompt, params.clone()))
         .collect();
     llm.generate(&reqs, |_, _| {}, |_, _| {})
         .unwrap()

@@ -26,12 +26,7 @@ fn the_openai_client_works_unchanged() {
         Prompt::Chat(vec![ChatMessage::new("user", chat_user)]),
     ]
     .into_iter()
-    .map(|prompt| GenerateRequest {
-        prompt,
-        params: params.clone(),
-        priority: 0,
-        prediction: None,
-    })
+    .map(|prompt| GenerateRequest::new(prompt, params.clone()))
     .collect();
     let want = Llm::new(&config)
         .unwrap()

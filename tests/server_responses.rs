@@ -24,12 +24,7 @@ fn offline(conversations: Vec<Vec<ChatMessage>>) -> Vec<String> {
     };
     let reqs: Vec<_> = conversations
         .into_iter()
-        .map(|c| GenerateRequest {
-            prompt: Prompt::Chat(c),
-            params: params.clone(),
-            priority: 0,
-            prediction: None,
-        })
+        .map(|c| GenerateRequest::new(Prompt::Chat(c), params.clone()))
         .collect();
     Llm::new(&config)
         .unwrap()

@@ -31,17 +31,15 @@ fn engine_config(backend: &str) -> EngineConfig {
 }
 
 fn greedy(prompt: &str) -> GenerateRequest {
-    GenerateRequest {
-        prompt: Prompt::Text(prompt.into()),
-        params: SamplingParams {
+    GenerateRequest::new(
+        Prompt::Text(prompt.into()),
+        SamplingParams {
             temperature: 0.0,
             max_tokens: 8,
             ignore_eos: true,
             ..SamplingParams::default()
         },
-        priority: 0,
-        prediction: None,
-    }
+    )
 }
 
 /// Greedy token ids and cached-prompt-token counts of two prompts that

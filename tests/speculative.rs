@@ -112,10 +112,8 @@ fn run(
         .iter()
         .zip(params(&llm, texts.len()))
         .map(|((t, guess), p)| GenerateRequest {
-            prompt: Prompt::Text(t.clone()),
-            params: p,
-            priority: 0,
             prediction: predict.then(|| guess.to_string()),
+            ..GenerateRequest::new(Prompt::Text(t.clone()), p)
         })
         .collect();
     let mut predicted_kept = 0;

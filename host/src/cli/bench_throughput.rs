@@ -69,12 +69,7 @@ pub fn run(config: &EngineConfig, args: &ThroughputArgs) -> anyhow::Result<()> {
                 .map(|i| ((r * 7919 + i).wrapping_mul(2_654_435_761) >> 7) % vocab)
                 .map(|t| t as u32)
                 .collect();
-            GenerateRequest {
-                prompt: Prompt::Tokens(ids),
-                params: params.clone(),
-                priority: 0,
-                prediction: None,
-            }
+            GenerateRequest::new(Prompt::Tokens(ids), params.clone())
         })
         .collect();
     let started = Instant::now();

@@ -31,9 +31,10 @@ pub struct GenerateArgs {
     pub system: Option<String>,
     /// A JSONL file of requests, one per line: `{"prompt": "…"}` or
     /// `{"messages": [{"role": "user", "content": "…"}]}`, plus any sampling
-    /// parameter (`"max_tokens": 32`, `"temperature": 0`, …), `"priority"`
-    /// and `"prediction"` (text the answer is expected to repeat, verified
-    /// as speculative drafts; needs `--speculative-config`).
+    /// parameter (`"max_tokens": 32`, `"temperature": 0`, …), `"priority"`,
+    /// `"prediction"` (text the answer is expected to repeat, verified as
+    /// speculative drafts; needs `--speculative-config`) and `"cache_salt"`
+    /// (the prompt shares the prefix cache only with prompts of its salt).
     #[arg(long, value_name = "FILE", requires = "output")]
     pub input: Option<PathBuf>,
     /// Where `--input`'s completions go, one JSON line per request, in order.
@@ -43,8 +44,9 @@ pub struct GenerateArgs {
     pub sampling: SamplingArgs,
 }
 
-/// One line of a `--input` file. Fields other than the prompt and the
-/// priority are sampling parameters; an unknown one is refused by name.
+/// One line of a `--input` file. Fields other than the prompt, the
+/// priority, the prediction and the cache salt are sampling parameters; an
+/// unknown one is refused by name.
 #[derive(Debug, Deserialize)]
 struct InputLine {
     prompt: Option<String>,
@@ -53,6 +55,9 @@ struct InputLine {
     priority: i32,
     /// Text the answer is expected to repeat (a predicted output).
     prediction: Option<String>,
+    /// vLLM's `cache_salt`: the prompt shares prefix-cache blocks only with
+    /// prompts of the same salt.
+    cache_salt: Option<String>,
     #[serde(flatten)]
     params: serde_json::Map<String, serde_json::Value>,
 }
@@ -87,12 +92,7 @@ fn run_one(
     let mut out = std::io::stdout().lock();
     let mut write_err = None;
     let results = llm.generate(
-        &[GenerateRequest {
-            prompt,
-            params,
-            priority: 0,
-            prediction: None,
-        }],
+        &[GenerateRequest::new(prompt, params)],
         |_, delta| {
             if let Err(e) = out.write_all(delta.as_bytes()).and_then(|()| out.flush()) {
                 write_err.get_or_insert(e);
@@ -199,10 +199,13 @@ fn to_request(line: InputLine, defaults: &SamplingParams) -> anyhow::Result<Gene
     let params: SamplingParams =
         serde_json::from_value(params).context("invalid sampling parameters")?;
     params.validate()?;
+    if line.cache_salt.as_deref() == Some("") {
+        bail!("\"cache_salt\" must not be empty; leave it out to share the prefix cache with unsalted prompts");
+    }
     Ok(GenerateRequest {
-        prompt,
-        params,
         priority: line.priority,
         prediction: line.prediction,
+        cache_salt: line.cache_salt,
+        ..GenerateRequest::new(prompt, params)
     })
 }

@@ -41,6 +41,25 @@ pub struct GenerateRequest {
     /// Text the output is expected to repeat (OpenAI's predicted output),
     /// verified as speculative drafts; needs speculative decoding on.
     pub prediction: Option<String>,
+    /// vLLM's `cache_salt`: the request shares prefix-cache blocks only
+    /// with requests of the same salt (a tenant's prompts are not served
+    /// from another's cache). `host generate` and the server refuse an
+    /// empty salt, as vLLM does.
+    pub cache_salt: Option<String>,
+}
+
+impl GenerateRequest {
+    /// A request for `prompt` sampled with `params`: default priority, no
+    /// prediction, no cache salt.
+    pub fn new(prompt: Prompt, params: SamplingParams) -> Self {
+        GenerateRequest {
+            prompt,
+            params,
+            priority: 0,
+            prediction: None,
+            cache_salt: None,
+        }
+    }
 }
 
 /// A finished completion.
@@ -225,7 +244,7 @@ impl Llm {
                 priority: req.priority,
                 output_token_ids: Vec::new(),
                 prediction,
-                cache_salt: None,
+                cache_salt: req.cache_salt.clone(),
             };
             if let Err(e) = self.core.add_request(core_req) {
                 results[index] = refused(e.into());
