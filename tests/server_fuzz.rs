@@ -87,6 +87,7 @@ const FIELDS: &[&str] = &[
     "priority",
     "include_stop_str_in_output",
     "skip_special_tokens",
+    "spaces_between_special_tokens",
     "add_generation_prompt",
     "response_format",
     "tools",

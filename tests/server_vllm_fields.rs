@@ -5,8 +5,10 @@
 //! `return_token_ids` and `return_tokens_as_token_ids` (checked against
 //! `/tokenize`, the text and the usage, streamed and not), and
 //! `continue_final_message` (against the prompt `/tokenize` renders),
-//! `chat_template_kwargs`, and `documents` under an operator's
-//! `--chat-template` (against the template rendered by hand).
+//! `chat_template_kwargs`, `documents` under an operator's
+//! `--chat-template` (against the template rendered by hand), and
+//! `spaces_between_special_tokens` (adjacent special tokens, forced by
+//! `logit_bias`, against their own text).
 
 use crate::harness::{chunks, Server};
 use serde_json::{json, Value};
@@ -493,4 +495,35 @@ fn documents_reach_an_operators_chat_template() {
     );
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(r.json()["error"]["param"], "documents");
+}
+
+/// vLLM's `spaces_between_special_tokens`: with special tokens kept, a run
+/// of them is their texts side by side under `false`, and under `true` too
+/// (vLLM's fast detokenizer on a byte-level tokenizer puts nothing between
+/// them); a value of the wrong type is a 400 naming the field.
+#[test]
+fn adjacent_special_tokens_touch_whatever_the_spacing() {
+    let server = Server::start(&[]);
+    let special = "<|im_start|>";
+    let r = server.post(
+        "/tokenize",
+        &json!({"prompt": special, "add_special_tokens": false}),
+    );
+    let id = ids(&r.json()["tokens"]);
+    assert_eq!(id.len(), 1, "{special} is one token: {id:?}");
+    let body = |spacing: Value| {
+        json!({"prompt": "Hi", "max_tokens": 4, "temperature": 0, "ignore_eos": true,
+            "skip_special_tokens": false, "logit_bias": {id[0].to_string(): 100},
+            "return_token_ids": true, "spaces_between_special_tokens": spacing})
+    };
+    for spacing in [json!(false), json!(true), json!(null)] {
+        let r = server.post("/v1/completions", &body(spacing.clone()));
+        assert_eq!(r.status, 200, "{spacing}: {}", r.text());
+        let choice = &r.json()["choices"][0];
+        assert_eq!(ids(&choice["token_ids"]), [id[0]; 4], "{spacing}");
+        assert_eq!(choice["text"], special.repeat(4), "{spacing}");
+    }
+    let r = server.post("/v1/completions", &body(json!("no")));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "spaces_between_special_tokens");
 }

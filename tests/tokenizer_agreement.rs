@@ -223,6 +223,63 @@ proptest! {
     }
 }
 
+/// vLLM's `spaces_between_special_tokens`, for the tokenizers this engine
+/// loads (byte-level BPE): what vLLM's fast detokenizer streams under either
+/// value (Python `tokenizers`' `DecodeStream`, with vLLM's rule for `false`)
+/// is what ours streams, special tokens kept, on texts with runs of special
+/// tokens between them. So the server meets both values with one
+/// detokenizer.
+#[test]
+fn streamed_special_tokens_match_vllm_under_either_spacing() {
+    let r = reference();
+    let tok = gguf_tokenizer();
+    let specials: Vec<u32> = (0..tok.vocab_size() as u32)
+        .filter(|&id| tok.is_special(id))
+        .collect();
+    // A fixed linear congruential sequence: the same cases every run.
+    let mut state = 0x2545_f491_u64;
+    let mut next = |n: usize| {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1);
+        (state >> 33) as usize % n
+    };
+    let sequences: Vec<Vec<u32>> = (0..60)
+        .map(|_| {
+            let mut ids = Vec::new();
+            for _ in 0..1 + next(6) {
+                let run = (0..1 + next(3)).map(|_| specials[next(specials.len())]);
+                ids.extend(run);
+                ids.extend(&r.ids[next(r.ids.len())]);
+            }
+            ids
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("sequences.json");
+    std::fs::write(&input, serde_json::to_string(&sequences).unwrap()).unwrap();
+    let out = run_python(
+        "decode_stream_ref.py",
+        &[r.tokenizer_json.to_str().unwrap(), input.to_str().unwrap()],
+    );
+    let out: Value = serde_json::from_str(&out).expect("decode_stream_ref.py prints JSON");
+    let texts = |key: &str| -> Vec<String> { serde_json::from_value(out[key].clone()).unwrap() };
+    let ours: Vec<String> = sequences
+        .iter()
+        .map(|ids| stream(tok, ids, false).concat())
+        .collect();
+    assert!(
+        ours.iter().any(|t| t.contains("|><|")),
+        "some case has adjacent special tokens"
+    );
+    assert_eq!(ours, texts("spaced"), "spaces_between_special_tokens: true");
+    assert_eq!(
+        ours,
+        texts("unspaced"),
+        "spaces_between_special_tokens: false"
+    );
+}
+
 #[test]
 fn ids_outside_the_vocabulary_are_errors() {
     let tok = gguf_tokenizer();

@@ -38,11 +38,6 @@ pub(super) fn unset(v: &Value) -> bool {
     }
 }
 
-/// `null` or `true`: the default of a switch this server always has on.
-fn unset_or_true(v: &Value) -> bool {
-    matches!(v, Value::Null | Value::Bool(true))
-}
-
 /// `null` or 1, the neutral value of a count or factor.
 fn unset_or_one(v: &Value) -> bool {
     v.is_null() || v.as_f64() == Some(1.0)
@@ -98,7 +93,6 @@ const UNSUPPORTED: &[(&str, Neutral, &str)] = &[
         unset,
         "per-request logits processors are not supported; load a plugin (docs/plugins.md) and pass its arguments in extra_args",
     ),
-    ("spaces_between_special_tokens", unset_or_true, "`false` is not supported; only the default, `true`"),
     ("chat_template", unset, "per-request chat templates are not supported; the model's own template is used"),
     ("mm_processor_kwargs", unset, "multimodal processor arguments are not supported; this model takes text only"),
     ("audio", unset, "audio output is not supported; this model answers in text"),
@@ -409,7 +403,6 @@ mod tests {
             ("prompt_embeds", json!("AAAA"), json!(null)),
             ("best_of", json!(2), json!(1)),
             ("logits_processors", json!(["m.P"]), json!(null)),
-            ("spaces_between_special_tokens", json!(false), json!(true)),
             ("chat_template", json!("{{ x }}"), json!(null)),
             ("mm_processor_kwargs", json!({"k": 1}), json!(null)),
             ("audio", json!({"voice": "alloy"}), json!(null)),
@@ -582,8 +575,9 @@ mod tests {
             "user": "u", "metadata": {}, "safety_identifier": "s", "prompt_cache_key": "k",
             "service_tier": "auto", "parallel_tool_calls": false, "include_reasoning": true,
             "echo": false, "return_token_ids": false, "return_tokens_as_token_ids": true,
-            "request_id": "r",
+            "request_id": "r", "spaces_between_special_tokens": false,
         });
+        assert!(check_fields(&completion, Endpoint::Completions).is_ok());
         assert_eq!(
             ignored_fields(&completion, Endpoint::Completions),
             (vec![], 0)

@@ -256,6 +256,14 @@ pub struct SamplingRequest {
     pub include_stop_str_in_output: Option<bool>,
     /// Leave special tokens out of the text.
     pub skip_special_tokens: Option<bool>,
+    /// vLLM's `spaces_between_special_tokens`, read for its type only:
+    /// either value gives the same text here, as in vLLM for the byte-level
+    /// tokenizers this engine loads. The detokenizer writes a special token
+    /// as its own text, so adjacent ones touch (what `false` asks), and a
+    /// byte-level decoder puts nothing between them either (what `true`
+    /// gives in vLLM); `tests/tokenizer_agreement.rs` holds both to vLLM's
+    /// fast detokenizer.
+    pub spaces_between_special_tokens: Option<bool>,
     /// Free-form arguments for sampler plugins (`SamplingParams.extra_args`).
     pub extra_args: Option<Value>,
     /// vLLM's name for the same thing; merged into `extra_args`.
