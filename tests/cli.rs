@@ -123,19 +123,8 @@ fn batch_file_in_results_file_out() {
         ),
     )
     .unwrap();
-    let out = host(&[
-        "generate",
-        "--input",
-        path(&input),
-        "--output",
-        path(&output),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&output)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let out = generate_batch(&[], &input, &output);
+    let lines = results(&out, &output);
     assert_eq!(
         lines.len(),
         3,
@@ -159,6 +148,23 @@ fn batch_file_in_results_file_out() {
 
 fn path(p: &Path) -> &str {
     p.to_str().unwrap()
+}
+
+/// `host FLAGS generate --input INPUT --output OUTPUT`.
+fn generate_batch(flags: &[&str], input: &Path, output: &Path) -> Output {
+    let mut args = flags.to_vec();
+    args.extend(["generate", "--input", path(input), "--output", path(output)]);
+    host(&args)
+}
+
+/// The result lines of a batch that succeeded.
+fn results(out: &Output, output: &Path) -> Vec<serde_json::Value> {
+    assert!(out.status.success(), "{}", stderr(out));
+    std::fs::read_to_string(output)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 #[test]
@@ -340,13 +346,7 @@ fn bad_batch_lines_are_named() {
         "{\"prompt\": \"a\"}\n{\"prompt\": \"b\", \"temprature\": 0}\n",
     )
     .unwrap();
-    let out = host(&[
-        "generate",
-        "--input",
-        path(&input),
-        "--output",
-        path(&dir.path().join("o.jsonl")),
-    ]);
+    let out = generate_batch(&[], &input, &dir.path().join("o.jsonl"));
     assert_clear_error(&out, &["in.jsonl:2", "temprature"]);
 }
 
@@ -372,21 +372,8 @@ fn batch_lines_take_a_cache_salt() {
     };
     let salts = [None, None, Some("a"), Some("a"), Some("b"), None];
     std::fs::write(&input, salts.map(line).concat()).unwrap();
-    let out = host(&[
-        "--max-num-seqs",
-        "1",
-        "generate",
-        "--input",
-        path(&input),
-        "--output",
-        path(&output),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&output)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let out = generate_batch(&["--max-num-seqs", "1"], &input, &output);
+    let lines = results(&out, &output);
     let prompt_tokens = lines[0]["num_prompt_tokens"].as_u64().unwrap();
     let hit = (prompt_tokens - 1) / 16 * 16;
     assert!(hit >= 32, "a prompt of {prompt_tokens} tokens");
@@ -397,13 +384,7 @@ fn batch_lines_take_a_cache_salt() {
     assert_eq!(cached, [0, hit, 0, hit, 0, hit], "salts {salts:?}");
 
     std::fs::write(&input, line(Some(""))).unwrap();
-    let out = host(&[
-        "generate",
-        "--input",
-        path(&input),
-        "--output",
-        path(&output),
-    ]);
+    let out = generate_batch(&[], &input, &output);
     assert_clear_error(&out, &["salted.jsonl:1", "cache_salt", "must not be empty"]);
 }
 
