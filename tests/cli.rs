@@ -388,6 +388,53 @@ fn batch_lines_take_a_cache_salt() {
     assert_clear_error(&out, &["salted.jsonl:1", "cache_salt", "must not be empty"]);
 }
 
+/// `n` on a batch line, as vLLM's parallel sampling: the line's result
+/// holds `n` choices, each what the line gives alone with seed, seed + 1,
+/// …; more than `server.max_n` is an error naming the line and the key.
+/// One request runs at a time and the prompt is shorter than a KV block,
+/// so every choice runs as its own line does.
+#[test]
+fn batch_lines_take_n_choices() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("choices.jsonl");
+    let output = dir.path().join("results.jsonl");
+    let line = |n: Option<u32>, seed: u64| {
+        let mut l = serde_json::json!({"prompt": "Once upon a time", "max_tokens": 8,
+            "temperature": 1.0, "seed": seed});
+        if let Some(n) = n {
+            l["n"] = n.into();
+        }
+        format!("{l}\n")
+    };
+    let lines = [
+        line(Some(3), 5),
+        line(None, 5),
+        line(None, 6),
+        line(None, 7),
+    ];
+    std::fs::write(&input, lines.concat()).unwrap();
+    let out = generate_batch(&["--max-num-seqs", "1"], &input, &output);
+    let results = results(&out, &output);
+    assert_eq!(results.len(), 4, "one result line per input line");
+    let texts = |v: &serde_json::Value| (v["text"].clone(), v["token_ids"].clone());
+    let choices: Vec<_> = results[0]["choices"]
+        .as_array()
+        .expect("choices")
+        .iter()
+        .map(texts)
+        .collect();
+    let alone: Vec<_> = results[1..].iter().map(texts).collect();
+    assert_eq!(choices, alone);
+    assert!(
+        choices[0] != choices[1] || choices[1] != choices[2],
+        "{choices:?}"
+    );
+
+    std::fs::write(&input, line(Some(129), 1)).unwrap();
+    let out = generate_batch(&[], &input, &output);
+    assert_clear_error(&out, &["choices.jsonl:1", "n = 129", "server.max_n"]);
+}
+
 #[test]
 fn config_show_prints_the_effective_config() {
     let out = host(&[

@@ -37,7 +37,9 @@ pub struct GenerateArgs {
     /// (the prompt shares the prefix cache only with prompts of its salt).
     #[arg(long, value_name = "FILE", requires = "output")]
     pub input: Option<PathBuf>,
-    /// Where `--input`'s completions go, one JSON line per request, in order.
+    /// Where `--input`'s completions go, one JSON line per request, in order;
+    /// a request with `"n"` above 1 gets `{"choices": [...]}`, its `n`
+    /// completions (seeded ones with seed, seed + 1, …, as in vLLM).
     #[arg(long, value_name = "FILE")]
     pub output: Option<PathBuf>,
     #[command(flatten)]
@@ -127,6 +129,8 @@ fn run_batch(
     let file = std::fs::File::open(input)
         .with_context(|| format!("cannot open --input {}", input.display()))?;
     let mut requests = Vec::new();
+    // How many engine requests (choices) each line became, in order.
+    let mut choices = Vec::new();
     for (n, line) in std::io::BufReader::new(file).lines().enumerate() {
         let line = line.with_context(|| format!("reading {}", input.display()))?;
         if line.trim().is_empty() {
@@ -143,12 +147,26 @@ fn run_batch(
         {
             bail!("{}: asks for structured output, but {why}", at());
         }
-        requests.push(request);
+        let n = request.params.n;
+        let max_n = config.server.max_n;
+        if n > max_n {
+            bail!(
+                "{}: n = {n} is more choices than server.max_n ({max_n}) allows; \
+                 raise it with --set server.max_n={n}",
+                at()
+            );
+        }
+        // As the server does: `n` choices are `n` engine requests.
+        requests.extend((0..n).map(|i| GenerateRequest {
+            params: request.params.child(i),
+            ..request.clone()
+        }));
+        choices.push(n as usize);
     }
     let mut llm = Llm::new(config)?;
     let bar = ProgressBar::new(requests.len() as u64);
     bar.set_style(
-        ProgressStyle::with_template("{bar:40} {pos}/{len} requests ({elapsed}, eta {eta})")
+        ProgressStyle::with_template("{bar:40} {pos}/{len} completions ({elapsed}, eta {eta})")
             .expect("static template"),
     );
     let results = llm.generate(
@@ -162,21 +180,29 @@ fn run_batch(
             .with_context(|| format!("cannot create --output {}", output.display()))?,
     );
     let mut refused = 0;
-    for result in &results {
-        let line = match result {
-            Ok(completion) => serde_json::to_value(completion)?,
-            Err(error) => {
-                refused += 1;
-                serde_json::json!({ "error": error })
-            }
+    let mut results = results.iter();
+    for n in choices {
+        let mut values = Vec::with_capacity(n);
+        for result in results.by_ref().take(n) {
+            values.push(match result {
+                Ok(completion) => serde_json::to_value(completion)?,
+                Err(error) => {
+                    refused += 1;
+                    serde_json::json!({ "error": error })
+                }
+            });
+        }
+        let line = match values.len() {
+            1 => values.swap_remove(0),
+            _ => serde_json::json!({ "choices": values }),
         };
         writeln!(out, "{line}")?;
     }
     out.flush()?;
     let stats = llm.stats();
     eprintln!(
-        "{} requests ({refused} refused or failed), {} prompt and {} generated tokens, prefix-cache hit rate {:.1}%",
-        results.len(),
+        "{} completions ({refused} refused or failed), {} prompt and {} generated tokens, prefix-cache hit rate {:.1}%",
+        requests.len(),
         stats.num_prompt_tokens,
         stats.num_generation_tokens,
         100.0 * stats.scheduler.prefix_cache.hit_rate()

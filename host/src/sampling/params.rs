@@ -218,6 +218,18 @@ fn first_outside(mut ids: impl Iterator<Item = u32>, vocab_size: usize) -> Optio
 }
 
 impl SamplingParams {
+    /// The parameters of choice `index` of a request for `n`: one
+    /// sequence, and, when seeded, a stream of its own (seed + index, as
+    /// vLLM's parallel sampling does), so the choices differ but the whole
+    /// answer is reproducible.
+    pub fn child(&self, index: u32) -> SamplingParams {
+        SamplingParams {
+            n: 1,
+            seed: self.seed.map(|s| s.wrapping_add(u64::from(index))),
+            ..self.clone()
+        }
+    }
+
     /// Checks every field against vLLM's ranges; the error names the field, the
     /// value and the valid range. NaN and infinities are rejected everywhere.
     pub fn validate(&self) -> Result<(), SamplingParamsError> {

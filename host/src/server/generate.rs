@@ -22,7 +22,6 @@ use crate::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::params::child_params;
 use super::protocol::{PromptTokens, SamplingRequest, Usage};
 use super::AppState;
 
@@ -98,7 +97,7 @@ pub async fn start(
     for (p, prompt) in prompts.into_iter().enumerate() {
         for j in 0..n {
             let index = p * n + j;
-            let sampling_params = child_params(params, j as u32);
+            let sampling_params = params.child(j as u32);
             let state = RequestState::new(&app.tokenizer, &sampling_params);
             let num_prompt_tokens = prompt.len();
             let stream = app.client.add_request(EngineCoreRequest {

@@ -338,17 +338,6 @@ fn bad_word_sequences(
     Ok(sequences)
 }
 
-/// The seed of choice `index` of `n`: seeded requests give each choice its
-/// own stream (seed + index, as vLLM's parallel sampling does), so the
-/// choices differ but the whole answer is reproducible.
-pub fn child_params(params: &SamplingParams, index: u32) -> SamplingParams {
-    SamplingParams {
-        n: 1,
-        seed: params.seed.map(|s| s.wrapping_add(u64::from(index))),
-        ..params.clone()
-    }
-}
-
 /// A completion prompt: text to tokenize, or token ids as given.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PromptInput {

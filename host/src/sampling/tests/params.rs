@@ -312,3 +312,20 @@ fn token_filters_cross_the_binary_queue_format_and_json() {
     assert_eq!(line.allowed_token_ids, Some(vec![1]));
     assert_eq!(line.bad_words_token_ids, vec![vec![7]]);
 }
+
+#[test]
+fn children_get_distinct_reproducible_seeds() {
+    let p = SamplingParams {
+        n: 3,
+        seed: Some(10),
+        ..SamplingParams::default()
+    };
+    let seeds: Vec<_> = (0..3).map(|i| p.child(i).seed).collect();
+    assert_eq!(seeds, vec![Some(10), Some(11), Some(12)]);
+    assert_eq!(p.child(2).n, 1);
+    let unseeded = SamplingParams {
+        n: 2,
+        ..SamplingParams::default()
+    };
+    assert_eq!(unseeded.child(1).seed, None);
+}

@@ -177,23 +177,6 @@ fn bad_words_are_tokenized_as_vllm_does() {
 }
 
 #[test]
-fn children_get_distinct_reproducible_seeds() {
-    let p = SamplingParams {
-        n: 3,
-        seed: Some(10),
-        ..SamplingParams::default()
-    };
-    let seeds: Vec<_> = (0..3).map(|i| child_params(&p, i).seed).collect();
-    assert_eq!(seeds, vec![Some(10), Some(11), Some(12)]);
-    assert_eq!(child_params(&p, 2).n, 1);
-    let unseeded = SamplingParams {
-        n: 2,
-        ..SamplingParams::default()
-    };
-    assert_eq!(child_params(&unseeded, 1).seed, None);
-}
-
-#[test]
 fn prompts_are_classified() {
     assert_eq!(
         prompts_of(&json!("hi")).unwrap(),
