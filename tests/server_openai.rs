@@ -1,5 +1,6 @@
 //! The official `openai` Python client against `host serve` (with an API
-//! key): completions, chat, streaming, logprobs, seeds, typed errors. The
+//! key, echoing `X-Request-Id`): completions, chat, streaming, logprobs,
+//! seeds, vLLM's extra fields and headers, typed errors. The
 //! expected texts come from the offline engine, so the client's view is
 //! checked against an answer computed without any HTTP.
 
@@ -39,6 +40,6 @@ fn the_openai_client_works_unchanged() {
         "chat": want[1].as_ref().unwrap().text,
     });
 
-    let server = Server::start(&["--api-key", "sesame"]);
+    let server = Server::start(&["--api-key", "sesame", "--enable-request-id-headers"]);
     server.run_openai_script("openai_client.py", &expected);
 }

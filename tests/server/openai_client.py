@@ -83,6 +83,20 @@ r = client.chat.completions.create(
     extra_body={"request_id": "body"}, extra_headers={"X-Request-Id": "header"},
 )
 check("X-Request-Id wins", r.id == "chatcmpl-header", r.id)
+# The server runs with --enable-request-id-headers: the header comes back.
+raw = client.completions.with_raw_response.create(
+    model=model, prompt="Hi", max_tokens=1, extra_headers={"X-Request-Id": "echoed"}
+)
+check("X-Request-Id echoed", raw.headers.get("x-request-id") == "echoed", dict(raw.headers))
+check("raw response parses", raw.parse().id == "cmpl-echoed", raw.parse().id)
+
+# vLLM's detokenization switches through extra_body; a text without special
+# tokens is the same whatever they say.
+r = client.completions.create(
+    model=model, prompt=expected["prompt"], max_tokens=16, temperature=0,
+    extra_body={"skip_special_tokens": False, "spaces_between_special_tokens": False},
+)
+check("spaces_between_special_tokens", r.choices[0].text == expected["completion"], r.choices[0].text)
 
 # Logprobs.
 r = client.chat.completions.create(
