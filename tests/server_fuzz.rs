@@ -118,6 +118,7 @@ const FIELDS: &[&str] = &[
     "instructions",
     "max_output_tokens",
     "previous_response_id",
+    "truncation",
     "store",
     "background",
     "text",

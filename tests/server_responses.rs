@@ -114,3 +114,55 @@ fn the_store_is_bounded_and_a_client_that_leaves_cancels() {
     assert_eq!(v["status"], "cancelled", "{v}");
     assert!(v["usage"]["output_tokens"].as_u64().unwrap() < 1000, "{v}");
 }
+
+/// OpenAI's `truncation: "auto"`: a conversation longer than the context
+/// answers as the conversation without its oldest items does, leaving out
+/// the fewest that make the prompt fit (counted here with `/tokenize`);
+/// with `disabled` (the default) it is a 400 naming `input`.
+#[test]
+fn auto_truncation_leaves_the_oldest_items_out() {
+    let server = Server::start(&["--max-model-len", "256"]);
+    let max_output_tokens = 16;
+    let mut items: Vec<serde_json::Value> = (0..6)
+        .map(|i| {
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            let text = format!("Turn {i}: ") + &"the river runs to the sea and back. ".repeat(6);
+            json!({"role": role, "content": text})
+        })
+        .collect();
+    items.push(json!({"role": "user", "content": "Name three colours."}));
+    let tokens = |items: &[serde_json::Value]| {
+        let r = server.post("/tokenize", &json!({"messages": items}));
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["count"].as_u64().unwrap()
+    };
+    let dropped = (0..items.len())
+        .find(|&k| tokens(&items[k..]) + max_output_tokens <= 256)
+        .unwrap();
+    assert!(dropped >= 2, "the conversation must overflow: {dropped}");
+    let respond = |input: &[serde_json::Value], truncation: &str| {
+        server.post(
+            "/v1/responses",
+            &json!({"input": input, "truncation": truncation, "temperature": 0,
+                "max_output_tokens": max_output_tokens}),
+        )
+    };
+    let r = respond(&items, "disabled");
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "input");
+
+    let auto = respond(&items, "auto");
+    assert_eq!(auto.status, 200, "{}", auto.text());
+    let by_hand = respond(&items[dropped..], "disabled");
+    assert_eq!(by_hand.status, 200, "{}", by_hand.text());
+    let (auto, by_hand) = (auto.json(), by_hand.json());
+    assert_eq!(auto["truncation"], "auto");
+    assert_eq!(
+        auto["usage"]["input_tokens"].as_u64(),
+        Some(tokens(&items[dropped..]))
+    );
+    assert_eq!(
+        auto["output"][0]["content"][0]["text"],
+        by_hand["output"][0]["content"][0]["text"]
+    );
+}

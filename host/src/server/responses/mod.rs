@@ -8,7 +8,9 @@
 //!   first), `max_output_tokens`, the sampling fields, logprobs
 //!   (`include` and `top_logprobs`), and function `tools` (chat's tool
 //!   calling, `tools.rs`, in this API's shapes: the answer's
-//!   `function_call` items, answered by `function_call_output` items).
+//!   `function_call` items, answered by `function_call_output` items),
+//!   `truncation: "auto"` (the prompt leaves the oldest items out until
+//!   it fits, `truncate.rs`).
 //! - `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`,
 //!   `DELETE /v1/responses/{id}`: the in-memory store (`store.rs`).
 //!
@@ -21,6 +23,7 @@ mod object;
 mod request;
 mod run;
 mod store;
+mod truncate;
 
 use std::collections::hash_map::RandomState;
 use std::convert::Infallible;
@@ -47,6 +50,7 @@ use super::tools::{Api, ToolRequest};
 use super::AppState;
 use crate::tokenizer::ChatMessage;
 use object::{Echo, Record, Status};
+use request::Truncation;
 use run::Sink;
 use store::Refusal;
 pub use store::Store;
@@ -89,18 +93,12 @@ pub async fn create(
             "must hold at least one message (or continue a response with previous_response_id)",
         ));
     }
-    let mut messages = Vec::with_capacity(conversation.len() + 1);
-    messages.extend(
-        req.instructions
-            .as_ref()
-            .map(|i| ChatMessage::new("system", i.clone())),
-    );
-    messages.extend(conversation.iter().cloned());
     // A chain of continuations is bounded as one chat request is.
-    let bytes: usize = messages.iter().map(|m| m.content.len()).sum();
+    let bytes: usize = conversation.iter().map(|m| m.content.len()).sum::<usize>()
+        + req.instructions.as_ref().map_or(0, String::len);
     let field = "previous_response_id";
     limits::prompt_bytes(field, bytes as u64, &app.config)?;
-    let count = messages.len() as u64;
+    let count = conversation.len() as u64 + u64::from(req.instructions.is_some());
     limits::at_most(
         field,
         count,
@@ -108,19 +106,43 @@ pub async fn create(
         app.config.max_messages,
         "max_messages",
     )?;
-    if let Some(t) = &tools {
-        t.describe_to(&mut messages);
-        limits::described_tools(&messages, &app.config)?;
-    }
     let constraint = structured::or_tool_calls(constraint, tools.as_ref())?;
-    let text = app
-        .tokenizer
-        .apply_chat_template(&messages, true)
-        .map_err(|e| ApiError::field("input", e))?;
-    let prompt = app
-        .tokenizer
-        .encode(&text, false)
-        .map_err(|e| ApiError::field("input", e))?;
+    let truncation = req.truncation.unwrap_or_default();
+    let max_model_len = app.client.max_model_len();
+    let render = |dropped: usize| -> Result<Vec<u32>, ApiError> {
+        let mut messages = Vec::with_capacity(conversation.len() + 1);
+        messages.extend(
+            req.instructions
+                .as_ref()
+                .map(|i| ChatMessage::new("system", i.clone())),
+        );
+        messages.extend(truncate::kept(&conversation, dropped).cloned());
+        if let Some(t) = &tools {
+            t.describe_to(&mut messages);
+            limits::described_tools(&messages, &app.config)?;
+        }
+        let text = app
+            .tokenizer
+            .apply_chat_template(&messages, true)
+            .map_err(|e| ApiError::field("input", e))?;
+        app.tokenizer
+            .encode(&text, false)
+            .map_err(|e| ApiError::field("input", e))
+    };
+    let fits = |prompt: &[u32]| {
+        let room = req.max_output_tokens.unwrap_or(1);
+        limits::check_context(
+            "input",
+            prompt.len(),
+            ("max_output_tokens", room),
+            max_model_len,
+        )
+        .is_ok()
+    };
+    let prompt = match truncation {
+        Truncation::Disabled => render(0)?,
+        Truncation::Auto => truncate::fitting(&conversation, render, fits)?,
+    };
     let mut sampling = sampling;
     sampling.max_tokens = req.max_output_tokens;
     let mut params = params::sampling_params(
@@ -137,12 +159,7 @@ pub async fn create(
         e
     })?;
     let max_tokens = ("max_output_tokens", params.max_tokens);
-    limits::check_context(
-        "input",
-        prompt.len(),
-        max_tokens,
-        app.client.max_model_len(),
-    )?;
+    limits::check_context("input", prompt.len(), max_tokens, max_model_len)?;
     app.constrain(&mut params, constraint, &sampling).await?;
 
     let id = random_id("resp");
@@ -172,6 +189,7 @@ pub async fn create(
             tool_choice: body.get("tool_choice").filter(|t| !t.is_null()).cloned(),
             parallel_tool_calls: body["parallel_tool_calls"].as_bool().unwrap_or(true),
             top_logprobs: req.top_logprobs.unwrap_or(0),
+            truncation,
         },
         id: id.clone(),
     };

@@ -7,6 +7,7 @@ use serde_json::{json, Map, Value};
 use super::super::limits;
 use super::super::protocol::PromptTokens;
 use super::super::tools::ToolCall;
+use super::request::Truncation;
 
 /// Where a response stands (OpenAI's `status`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,6 +68,8 @@ pub struct Echo {
     pub parallel_tool_calls: bool,
     /// Alternatives per token in the logprobs (`0` when unset).
     pub top_logprobs: u32,
+    /// How a conversation longer than the context was to be treated.
+    pub truncation: Truncation,
 }
 
 /// One response: its identity, its settings, and what it produced so far.
@@ -224,7 +227,7 @@ impl Record {
             "top_logprobs": e.top_logprobs,
             "tools": e.tools.clone().unwrap_or_else(|| json!([])),
             "top_p": e.top_p,
-            "truncation": "disabled",
+            "truncation": e.truncation.as_str(),
             "usage": usage,
             "user": e.user,
         })

@@ -54,6 +54,32 @@ pub struct ResponsesRequest {
     /// Alternatives given beside each generated token's logprob (0 to 20).
     #[serde(default)]
     pub top_logprobs: Option<u32>,
+    /// `disabled` (the default: a conversation longer than the context is
+    /// refused) or `auto` (its oldest items are left out of the prompt
+    /// until it fits).
+    #[serde(default)]
+    pub truncation: Option<Truncation>,
+}
+
+/// OpenAI's `truncation` of a response's conversation.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Truncation {
+    /// A conversation longer than the context is a 400.
+    #[default]
+    Disabled,
+    /// The oldest items are left out of the prompt until it fits.
+    Auto,
+}
+
+impl Truncation {
+    /// Its name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Truncation::Disabled => "disabled",
+            Truncation::Auto => "auto",
+        }
+    }
 }
 
 /// The one `include` value: logprobs on the output text.
@@ -90,11 +116,6 @@ fn no_reasoning(v: &Value) -> bool {
             .is_some_and(|o| o.values().all(Value::is_null))
 }
 
-/// `null`, `"disabled"`.
-fn no_truncation(v: &Value) -> bool {
-    v.is_null() || v.as_str() == Some("disabled")
-}
-
 /// `null` or 1.
 fn unset_or_one(v: &Value) -> bool {
     v.is_null() || v.as_u64() == Some(1)
@@ -107,7 +128,6 @@ const UNSUPPORTED: &[Unsupported] = &[
     ("reasoning", no_reasoning, "reasoning options are not supported: this model does not reason"),
     ("conversation", unset, "conversations are not supported; chain responses with previous_response_id"),
     ("prompt", unset, "prompt templates are not supported; send input and instructions"),
-    ("truncation", no_truncation, "`auto` truncation is not supported; a conversation longer than the context is refused"),
     ("n", unset_or_one, "one answer per response; send several requests for more"),
     ("max_tokens", unset, "is the chat API's name; use max_output_tokens"),
     ("max_completion_tokens", unset, "is the chat API's name; use max_output_tokens"),
@@ -116,7 +136,7 @@ const UNSUPPORTED: &[Unsupported] = &[
     ("use_beam_search", unset, "beam search is not supported on /v1/responses; /v1/chat/completions and /v1/completions take it"),
     ("length_penalty", unset, "applies to beam search, which /v1/responses does not take"),
     ("request_id", unset, "client-chosen ids are not supported on /v1/responses, where the id names the stored response; /v1/chat/completions and /v1/completions take it"),
-    ("truncate_prompt_tokens", unset, "is not supported on /v1/responses (`truncation` takes `disabled` only); /v1/chat/completions and /v1/completions truncate prompts"),
+    ("truncate_prompt_tokens", unset, "is the completions APIs' name; /v1/responses takes `truncation: \"auto\"`, which leaves the oldest items out"),
 ];
 
 /// The tool fields, read by `tools::ToolRequest::from_body`.
@@ -324,7 +344,7 @@ mod tests {
                 "reasoning",
             ),
             (json!({"input": "x", "max_tokens": 3}), "max_tokens"),
-            (json!({"input": "x", "truncation": "auto"}), "truncation"),
+            (json!({"input": "x", "truncation": "middle"}), "truncation"),
             (
                 json!({"input": "x", "include": [LOGPROBS_INCLUDE, "reasoning.encrypted_content"]}),
                 "include[1]",
